@@ -1,0 +1,62 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   - create .venv, install, run the embedded demo study end to end -> reports/demo/report.pdf
+#   make test   - create .venv, install, run the test suite
+SHELL := /bin/bash
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(abspath $(VENV))/bin
+export PATH := $(BIN):$(PATH)
+CORES ?= 2
+DEMO := workflow/studies/demo/params.yaml
+MIRROR := workflow/studies/mirror/params.yaml
+
+.PHONY: install system-deps demo mirror full test bench dvc-yaml lint clean
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0        # the CPU wheel; an unpinned torch pulls CUDA builds
+	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+install: $(VENV)/.installed system-deps
+
+# LaTeX for the PDF report and poppler for page previews (Debian packages).
+system-deps:
+	@if ! command -v latexmk >/dev/null || ! command -v pdftoppm >/dev/null; then \
+	  echo "installing TeX Live + poppler (apt)"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended poppler-utils >/dev/null; \
+	fi
+
+demo: install
+	snakemake --cores $(CORES) --config params=$(DEMO) --quiet rules
+	@echo "report: $(CURDIR)/reports/demo/report.pdf"
+
+# Small real-data study on the offline mirror in ../shared/datasets, driven by DVC.
+mirror: install
+	dvc repro workflow/studies/mirror/dvc.yaml
+	@echo "report: $(CURDIR)/reports/mirror/report.pdf"
+
+# The real study (params.yaml): needs the Hub or PIPELINE_DATA_MIRROR, and a GPU to finish in days not months.
+full: install
+	snakemake --cores 8 --resources gpu=1
+
+test: install
+	PIPELINE_QUIET=1 pytest -q tests
+
+bench: install
+	@for b in bench/bench_*.py; do echo "== $$b"; python $$b || exit 1; done
+
+dvc-yaml: install
+	python -m pipeline_src dvc-yaml --params params.yaml
+	python -m pipeline_src dvc-yaml --params $(DEMO)
+	python -m pipeline_src dvc-yaml --params $(MIRROR)
+
+lint: install
+	snakemake --lint
+
+clean:
+	rm -rf data reports/*/ logs .snakemake

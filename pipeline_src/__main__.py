@@ -1,0 +1,99 @@
+"""Command line: `python -m pipeline_src <stage> --params FILE [job keys]`.
+
+Argument parsing only. Every stage validates the params file first and derives its input and
+output paths from the stage table, so Snakemake and DVC run exactly the same command.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline_src", description=__doc__)
+    sub = p.add_subparsers(dest="stage", required=True)
+
+    def stage(name: str, help: str, *keys: str):
+        sp = sub.add_parser(name, help=help)
+        sp.add_argument("--params", default="params.yaml", help="the study's params file")
+        for k in keys:
+            sp.add_argument(f"--{k}", required=True, type=int if k == "seed" else str)
+        return sp
+
+    stage("validate", "validate the params file and print a summary of the study")
+    stage("download", "load a dataset from the Hub or the offline mirror (or generate demo data)", "dataset")
+    stage("filter", "apply a task's length/ratio/dedup/sampling filters", "task")
+    stage("bpe", "train SentencePiece BPE for a task and encode its splits", "task")
+    stage("train", "train one task x cell x seed", "task", "cell", "seed")
+    stage("evaluate", "evaluate one trained task x cell x seed", "task", "cell", "seed")
+    stage("aggregate", "collect every run into results/summary/significance tables")
+    stage("figures", "draw the report's figures")
+    stage("tables", "write the report's LaTeX tables")
+    stage("report", "build report.tex and compile report.pdf")
+    sp = stage("dvc-yaml", "write the dvc.yaml for a study from the stage table")
+    sp.add_argument("--check", action="store_true", help="exit 1 if the file on disk is out of date")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from .common import StageError
+    from .config import ConfigError, load_study
+
+    try:
+        study = load_study(args.params)
+        return _run(args, study) or 0
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except StageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args, study) -> int | None:
+    stage = args.stage
+    if stage == "validate":
+        from .stages import build_jobs
+
+        jobs = build_jobs(study)
+        print(f"{study.path}: study {study.name!r} is valid: {len(study.tasks)} tasks, "
+              f"{len(jobs)} jobs ({sum(j.stage == 'train' for j in jobs)} training runs)")
+        return 0
+    if stage == "download":
+        from .data.download import run
+        return run(study, args.dataset)
+    if stage == "filter":
+        from .data.filter import run
+        return run(study, args.task)
+    if stage == "bpe":
+        from .bpe import run
+        return run(study, args.task)
+    if stage == "train":
+        from .train import run
+        return run(study, args.task, args.cell, args.seed)
+    if stage == "evaluate":
+        from .evaluate import run
+        return run(study, args.task, args.cell, args.seed)
+    if stage == "aggregate":
+        from .report.aggregate import run
+        return run(study)
+    if stage == "figures":
+        from .report.figures import run
+        return run(study)
+    if stage == "tables":
+        from .report.tables import run
+        return run(study)
+    if stage == "report":
+        from .report.build import run
+        return run(study)
+    if stage == "dvc-yaml":
+        from .dvc_yaml import run
+        return run(study, check=args.check)
+    raise AssertionError(stage)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""Small helpers every stage shares: one-line errors, atomic writes, provenance, seeding."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+
+class StageError(RuntimeError):
+    """A stage could not do its work (bad data, missing corpus...). str(err) is one line."""
+
+
+def _tmp_sibling(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write via a temporary file + rename, so a crash never leaves a half-written file."""
+    path = Path(path)
+    tmp = _tmp_sibling(path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(o):
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path):
+    """Build a directory under a temporary name and move it into place only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_outputs(*paths: str | Path) -> None:
+    for p in map(Path, paths):
+        if p.is_dir():
+            shutil.rmtree(p)
+        elif p.exists():
+            p.unlink()
+
+
+_PACKAGES = ("torch", "numpy", "sentencepiece", "sacrebleu", "rouge-score", "datasets", "pandas", "matplotlib",
+             "snakemake", "dvc", "pyarrow")
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def git_commit() -> str:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        return rev.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def provenance(study, **extra) -> dict:
+    """What every output carries about how it was made. Deliberately no timestamps or host
+    names, so that re-running the same commit with the same params gives identical bytes."""
+    return {"params_file": study.path, "study": study.name, "git_commit": git_commit(),
+            "command": " ".join(["python -m pipeline_src"] + sys.argv[1:]), "versions": package_versions(), **extra}
+
+
+def seed_everything(seed: int) -> None:
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def progress(iterable=None, **kw):
+    """tqdm progress bar on stderr; quiet when PIPELINE_QUIET=1 (tests)."""
+    from tqdm.auto import tqdm
+
+    kw.setdefault("disable", os.environ.get("PIPELINE_QUIET") == "1")
+    kw.setdefault("dynamic_ncols", True)
+    kw.setdefault("mininterval", 1.0)
+    return tqdm(iterable, **kw)

@@ -1,0 +1,318 @@
+"""Load and validate a study's params file, and resolve base ⊕ cell configs.
+
+Config flows one way: params file -> `load_study()` -> frozen dataclasses -> stage.
+No other module reads the params file. Every error is a `ConfigError` whose message
+is one line naming the offending key, raised before any stage writes anything.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "params.schema.yaml"
+NAME_RE = re.compile(r"^[a-z0-9_-]+$")
+SPLITS = ("train", "validation", "test")
+
+
+class ConfigError(ValueError):
+    """A bad params file. str(err) is a single line naming the key."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Defaults. A task's model/train/eval sections override these; a cell overrides the task's.
+# The model defaults are the paper's base model (Vaswani et al. 2017, Table 3 "base").
+
+MODEL_DEFAULTS: dict[str, Any] = dict(
+    arch="encoder_decoder", d_model=512, n_heads=8, enc_layers=6, dec_layers=6, d_ff=2048,
+    dropout=0.1, attention_dropout=0.0, pos_encoding="sinusoidal", max_len=1024, residual=True,
+    norm="post", activation="relu", tie_embeddings=True, attention_impl="sdpa",
+)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_steps: int = 100_000
+    max_epochs: int | None = None
+    time_budget_s: float | None = None
+    batch_tokens: int = 4096
+    grad_accum: int = 1
+    lr: float = 7e-4  # peak learning rate (reached at the end of warm-up)
+    schedule: str = "inverse_sqrt"
+    warmup_steps: int = 4000
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float | None = 1.0
+    eval_every: int = 1000
+    patience: int = 0  # evaluations without improvement before stopping; 0 = never stop early
+    max_src_len: int = 256
+    max_tgt_len: int = 256
+    lm_seq_len: int = 128
+    precision: str = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
+    compile: bool = False
+    average_last: int = 0  # average the last N saved checkpoints into the final model
+    log_every: int = 10
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    beam_size: int = 4
+    length_penalty: float = 0.6
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+    batch_size: int = 64
+    max_examples: int | None = None
+    n_samples: int = 5
+    bootstrap: int = 1000
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    unit: str = "words"
+    min_src_len: int = 1
+    max_src_len: int | None = None
+    min_tgt_len: int = 1
+    max_tgt_len: int | None = None
+    max_ratio: float | None = None
+    drop_empty: bool = True
+    dedup: bool = True
+    sample_fraction: float = 1.0
+    sample_size: int | None = None
+    sample_seed: int = 0
+    splits_to_filter: tuple[str, ...] = ("train",)
+
+
+@dataclass(frozen=True)
+class BpeConfig:
+    vocab_size: int = 8000
+    character_coverage: float = 1.0
+    max_sentences: int = 1_000_000
+    max_src_tokens: int | None = None
+    max_tgt_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    name: str
+    kind: str
+    hf_id: str | None = None
+    hf_config: str | None = None
+    generator: str | None = None
+    generator_rows: dict = field(default_factory=lambda: {"train": 2000, "validation": 200, "test": 200})
+    generator_seed: int = 0
+    splits: dict = field(default_factory=lambda: {s: s for s in SPLITS})
+    fields: dict = field(default_factory=dict)
+    text_format: str = "plain"
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    name: str
+    kind: str
+    dataset: str
+    cells: tuple[str, ...]
+    baseline_cell: str
+    filter: FilterConfig
+    bpe: BpeConfig
+    model: dict  # partial model config (defaults applied in `Study.cell`)
+    train: dict
+    eval: dict
+
+
+@dataclass(frozen=True)
+class CellConfig:
+    """Everything one training/evaluation job needs: task base ⊕ cell overrides, resolved."""
+    task: str
+    kind: str
+    cell: str
+    family: str
+    label: str
+    model: dict  # all ModelConfig fields except vocab_size and special ids
+    train: TrainConfig
+    eval: EvalConfig
+
+    @property
+    def leaks_future(self) -> bool:
+        # A bidirectional encoder used as a language model sees the token it predicts.
+        return self.kind == "lm" and self.model["arch"] == "encoder_only"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Study:
+    path: str
+    name: str
+    raw: dict  # the validated params file as loaded (for provenance and DVC param keys)
+    mirror: str | None
+    device: str
+    seeds: tuple[int, ...]
+    datasets: dict[str, DatasetConfig]
+    tasks: dict[str, TaskConfig]  # enabled tasks only, in file order
+    cells: dict[str, dict]
+    report: dict
+
+    def cell(self, task: str, cell: str) -> CellConfig:
+        return _resolve_cell(self, task, cell)
+
+    def section_hash(self, *keys: str) -> str:
+        """Stable hash of the params sections a job reads (the Snakemake rerun trigger)."""
+        values = {k: lookup(self.raw, k) for k in keys}
+        return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def lookup(tree: dict, dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _key(path) -> str:
+    return ".".join(str(p) for p in path) or "<top level>"
+
+
+def _schema_errors(raw: dict, where: str) -> None:
+    import jsonschema
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(raw), key=lambda e: (len(list(e.absolute_path)), list(map(str, e.absolute_path))))
+    if not errors:
+        return
+    err = errors[0]
+    # For "oneOf/anyOf"-free schemas the deepest useful message is the error itself.
+    path = list(err.absolute_path)
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        raise ConfigError(f"{where}: {_key(path + extra[:1])}: unknown key")
+    if err.validator == "required":
+        missing = err.message.split("'")[1] if "'" in err.message else "?"
+        raise ConfigError(f"{where}: {_key(path + [missing])}: required key is missing")
+    if err.validator == "propertyNames":
+        raise ConfigError(f"{where}: {_key(path)}: name {err.instance!r} must match [a-z0-9_-]+")
+    if err.validator == "pattern":
+        raise ConfigError(f"{where}: {_key(path)}: {err.instance!r} must match [a-z0-9_-]+")
+    message = err.message.replace("\n", " ")
+    if len(message) > 160:
+        message = message[:157] + "..."
+    raise ConfigError(f"{where}: {_key(path)}: {message}")
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in (override or {}).items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def _check_model(model: dict, kind: str, where: str) -> None:
+    if model["d_model"] % model["n_heads"]:
+        raise ConfigError(
+            f"{where}.d_model: {model['d_model']} is not divisible by n_heads={model['n_heads']}")
+    if model["pos_encoding"] == "rope" and (model["d_model"] // model["n_heads"]) % 2:
+        raise ConfigError(f"{where}.pos_encoding: rope needs an even head size (d_model/n_heads)")
+    arch = model["arch"]
+    allowed = {"lm": ("decoder_only", "encoder_only")}.get(kind, ("encoder_decoder", "decoder_only"))
+    if arch not in allowed:
+        raise ConfigError(
+            f"{where}.arch: {arch} makes no sense for a {kind} task (allowed: {', '.join(allowed)})")
+    if arch in ("encoder_decoder", "encoder_only") and model["enc_layers"] < 1:
+        raise ConfigError(f"{where}.enc_layers: {arch} needs at least one encoder layer")
+    if arch in ("encoder_decoder", "decoder_only") and model["dec_layers"] < 1:
+        raise ConfigError(f"{where}.dec_layers: {arch} needs at least one decoder layer")
+
+
+def _resolve_cell(study: Study, task_name: str, cell_name: str) -> CellConfig:
+    task = study.tasks[task_name]
+    cell = study.cells[cell_name]
+    where = f"cells.{cell_name} (task {task_name})"
+    model = _merge(_merge(MODEL_DEFAULTS, task.model), cell.get("model", {}))
+    _check_model(model, task.kind, f"{study.path}: {where}: model")
+    train = _merge(task.train, cell.get("train", {}))
+    if "betas" in train:
+        train["betas"] = tuple(train["betas"])
+    ev = _merge(task.eval, cell.get("eval", {}))
+    return CellConfig(
+        task=task_name, kind=task.kind, cell=cell_name, family=cell["family"],
+        label=cell.get("label", cell_name), model=model,
+        train=TrainConfig(**train), eval=EvalConfig(**ev))
+
+
+def load_study(path: str | Path) -> Study:
+    """Read, validate and freeze a params file. Raises ConfigError (one line) on any problem."""
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: params file not found") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 (byte {e.start})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{where}:{line}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: <top level>: must be a mapping of keys")
+    _schema_errors(raw, where)
+
+    datasets = {}
+    for name, d in raw["datasets"].items():
+        src = "generator" if d.get("generator") else "hf_id" if d.get("hf_id") else None
+        if src is None:
+            raise ConfigError(f"{where}: datasets.{name}: needs either hf_id or generator")
+        need = ("text",) if d["kind"] == "lm" else ("src", "tgt")
+        if src == "hf_id":
+            for f in need:
+                if f not in d.get("fields", {}):
+                    raise ConfigError(f"{where}: datasets.{name}.fields.{f}: required for a {d['kind']} dataset")
+        datasets[name] = DatasetConfig(name=name, **{k: v for k, v in d.items()})
+
+    cells = raw["cells"]
+    tasks = {}
+    for name, t in raw["tasks"].items():
+        if t["dataset"] not in datasets:
+            raise ConfigError(f"{where}: tasks.{name}.dataset: unknown dataset {t['dataset']!r}")
+        if datasets[t["dataset"]].kind != t["kind"]:
+            raise ConfigError(
+                f"{where}: tasks.{name}.kind: {t['kind']} but dataset {t['dataset']} is {datasets[t['dataset']].kind}")
+        for c in t["cells"]:
+            if c not in cells:
+                raise ConfigError(f"{where}: tasks.{name}.cells: unknown cell {c!r} (define it under cells)")
+        baseline = t.get("baseline_cell", t["cells"][0])
+        if baseline not in t["cells"]:
+            raise ConfigError(f"{where}: tasks.{name}.baseline_cell: {baseline!r} is not in the task's cells")
+        filt = dict(t.get("filter", {}))
+        if "splits_to_filter" in filt:
+            filt["splits_to_filter"] = tuple(filt["splits_to_filter"])
+        if t.get("enabled", True):
+            tasks[name] = TaskConfig(
+                name=name, kind=t["kind"], dataset=t["dataset"], cells=tuple(t["cells"]),
+                baseline_cell=baseline, filter=FilterConfig(**filt), bpe=BpeConfig(**t.get("bpe", {})),
+                model=t.get("model", {}), train=t.get("train", {}), eval=t.get("eval", {}))
+    if not tasks:
+        raise ConfigError(f"{where}: tasks: every task is disabled (enabled: false); nothing to run")
+
+    study = Study(
+        path=where, name=raw["study"], raw=raw, mirror=raw.get("mirror"), device=raw.get("device", "auto"),
+        seeds=tuple(raw["seeds"]), datasets=datasets, tasks=tasks, cells=cells, report=raw.get("report", {}))
+    for name, task in tasks.items():
+        for c in task.cells:  # resolve every cell now, so a bad combination fails before any stage runs
+            study.cell(name, c)
+    return study

@@ -1,0 +1,200 @@
+"""Evaluate one trained task x cell x seed.
+
+Perplexity on validation and test (per BPE token; for language modelling also per word, so the
+number compares with published PTB/WikiText figures). Translation: beam search on the test set,
+SentencePiece detokenization, BLEU and chrF with sacrebleu (signatures saved). Summarisation:
+ROUGE-1/2/Lsum F1 with rouge-score and bootstrap 95 % intervals, beside the lead-3 baseline on
+the same articles. Per-example NLLs and scores are saved for the aggregate stage's paired tests.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from . import batching, metrics
+from .common import StageError, atomic_dir, atomic_write_json, progress, provenance, seed_everything
+from .config import Study
+from .data.tokens import PAD, load_spm
+from .model import beam_search
+from .stages import output_path
+from .train import autocast, load_trained_model, select_device
+
+
+@torch.no_grad()
+def seq2seq_nll(model, data: batching.Seq2SeqData, arch: str, batch_tokens: int, device, precision: str):
+    """Per-example summed NLL and target-token count (target + EOS), in file order."""
+    nll = np.zeros(len(data))
+    tokens = np.zeros(len(data), dtype=np.int64)
+    for idx in batching.seq2seq_batches(data, batch_tokens, arch, seed=None):
+        batch = batching.to_device(batching.collate_seq2seq(data, idx, arch), device)
+        with autocast(device, precision):
+            logits = model(batch["src"], batch["tgt_in"])
+        target = batch["tgt_out"]
+        loss = F.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=PAD, reduction="none")
+        nll[idx] = loss.sum(1).double().cpu().numpy()
+        tokens[idx] = (target != PAD).sum(1).cpu().numpy()
+    return nll, tokens
+
+
+@torch.no_grad()
+def lm_nll(model, stream: np.ndarray, line_ends: np.ndarray, seq_len: int, rows: int, device, precision: str):
+    """Per-line summed NLL and token count over the token stream (every token after the first
+    is predicted exactly once, with up to seq_len tokens of context)."""
+    token_nll = np.zeros(len(stream))
+    starts = batching.lm_windows(stream, seq_len)
+    for idx in batching.lm_batches(len(starts), rows, seed=None):
+        batch = batching.to_device(batching.collate_lm(stream, starts, idx, seq_len), device)
+        with autocast(device, precision):
+            logits = model(None, batch["tgt_in"])
+        loss = F.cross_entropy(logits.float().transpose(1, 2), batch["tgt_out"], ignore_index=PAD, reduction="none")
+        loss = loss.double().cpu().numpy()
+        for row, w in enumerate(idx):
+            n = min(seq_len, len(stream) - 1 - starts[w])
+            token_nll[starts[w] + 1: starts[w] + 1 + n] = loss[row, :n]
+    bounds = np.concatenate([[0], line_ends])
+    per_line = np.add.reduceat(token_nll, bounds[:-1]) if len(line_ends) else np.zeros(0)
+    counts = np.diff(bounds)
+    counts[0] -= 1  # the stream's first token is never predicted
+    return per_line, counts
+
+
+def _references(study: Study, task: str, split: str, bpe_dir: Path) -> pd.DataFrame:
+    filtered = Path(output_path("filter", "filtered", study=study.name, task=task)) / f"{split}.parquet"
+    frame = pd.read_parquet(filtered)
+    index_file = bpe_dir / f"{split}.index.npy"
+    if index_file.exists():  # rows the BPE stage's token-length cuts kept
+        frame = frame.iloc[np.load(index_file)].reset_index(drop=True)
+    return frame
+
+
+@torch.no_grad()
+def decode_all(model, data: batching.Seq2SeqData, ev, device, precision: str, desc: str) -> list[list[int]]:
+    order = np.argsort([len(s) for s in data.src], kind="stable")
+    hyps: list[list[int] | None] = [None] * len(data)
+    bar = progress(total=len(data), desc=desc, unit="sent")
+    for start in range(0, len(order), ev.batch_size):
+        idx = order[start: start + ev.batch_size].tolist()
+        src = batching._pad([data.src[i] for i in idx]).to(device)
+        with autocast(device, precision):  # beam_size 1 is exactly greedy search (tested)
+            out = beam_search(model, src, beam_size=ev.beam_size, length_penalty=ev.length_penalty,
+                              max_len_a=ev.max_len_a, max_len_b=ev.max_len_b)
+        for i, h in zip(idx, out):
+            hyps[i] = h
+        bar.update(len(idx))
+    bar.close()
+    return hyps
+
+
+def run(study: Study, task: str, cell_name: str, seed: int) -> None:
+    cell = study.cell(task, cell_name)
+    ev, t = cell.eval, cell.train
+    wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
+    ckpt = Path(output_path("train", "ckpt", **wc))
+    bpe_dir = Path(output_path("bpe", "bpe", study=study.name, task=task))
+    out_dir = Path(output_path("evaluate", "outputs", **wc))
+    metrics_path = Path(output_path("evaluate", "metrics", **wc))
+    if not (ckpt / "best.pt").exists():
+        raise StageError(f"{ckpt}: no best.pt; run the train stage for {task}/{cell_name}/seed{seed} first")
+
+    seed_everything(seed)
+    device = select_device(study)
+    model, meta = load_trained_model(ckpt, device)
+    sp = load_spm(bpe_dir)
+    arch = cell.model["arch"]
+    result: dict = {}
+    per_example = []
+    samples = []
+    files: dict[str, str] = {}
+
+    if cell.kind == "lm":
+        stats = json.loads((bpe_dir / "stats.json").read_text())
+        rows = max(1, t.batch_tokens // t.lm_seq_len)
+        for split in ("validation", "test"):
+            stream, ends = batching.load_lm_stream(bpe_dir, split)
+            nll, count = lm_nll(model, stream, ends, t.lm_seq_len, rows, device, t.precision)
+            words = stats["words"][split]
+            short = "val" if split == "validation" else "test"
+            result[f"{short}_loss"] = float(nll.sum() / count.sum())
+            result[f"{short}_ppl"] = metrics.perplexity(float(nll.sum()), int(count.sum()))
+            result[f"{short}_ppl_word"] = metrics.perplexity(float(nll.sum()), int(words))
+            line_words = [len(str(x).split()) + 1 for x in _references(study, task, split, bpe_dir)["text"]]
+            per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
+                            for i, (a, b, w) in enumerate(zip(nll, count, line_words))]
+        if not cell.leaks_future:
+            samples = _lm_samples(model, sp, _references(study, task, "test", bpe_dir)["text"], ev.n_samples, device)
+    else:
+        limit = ev.max_examples
+        for split in ("validation", "test"):
+            data = batching.load_seq2seq(bpe_dir, split, t.max_src_len, t.max_tgt_len,
+                                         limit=limit if split == "test" else None)
+            nll, count = seq2seq_nll(model, data, arch, t.batch_tokens, device, t.precision)
+            short = "val" if split == "validation" else "test"
+            result[f"{short}_loss"] = float(nll.sum() / count.sum())
+            result[f"{short}_ppl"] = metrics.perplexity(float(nll.sum()), int(count.sum()))
+            per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": ""}
+                            for i, (a, b) in enumerate(zip(nll, count))]
+        test = batching.load_seq2seq(bpe_dir, "test", t.max_src_len, t.max_tgt_len, limit=limit)
+        refs_frame = _references(study, task, "test", bpe_dir).iloc[: len(test)]
+        hyp_ids = decode_all(model, test, ev, device, t.precision, desc=f"decode {task}/{cell_name}/s{seed}")
+        hyps = [sp.decode(h) for h in hyp_ids]
+        refs = [str(r) for r in refs_frame["tgt"]]
+        srcs = [str(s) for s in refs_frame["src"]]
+        if cell.kind == "translation":
+            bleu, chrf = metrics.bleu(hyps, refs), metrics.chrf(hyps, refs)
+            result.update(bleu=bleu["bleu"], bleu_signature=bleu["signature"], chrf=chrf["chrf"],
+                          chrf_signature=chrf["signature"])
+            files = {"hyps.txt": _lines(hyps), "refs.txt": _lines(refs), "srcs.txt": _lines(srcs)}
+        else:
+            scores, per = metrics.rouge(hyps, refs, n_boot=ev.bootstrap, seed=seed)
+            lead = [metrics.lead3(s) for s in srcs]
+            lead_scores, lead_per = metrics.rouge(lead, refs, n_boot=ev.bootstrap, seed=seed)
+            result.update({k: v for k, v in scores.items()})
+            result.update({f"lead3_{k}": v for k, v in lead_scores.items() if not k.endswith("_ci")})
+            files = {
+                "predictions.jsonl": "".join(json.dumps({"source": s, "reference": r, "hypothesis": h, "lead3": l},
+                                                        ensure_ascii=False) + "\n"
+                                             for s, r, h, l in zip(srcs, refs, hyps, lead)),
+                "scores.tsv": pd.DataFrame({**{k: [p[k] for p in per] for k in per[0]},
+                                            **{f"lead3_{k}": [p[k] for p in lead_per] for k in lead_per[0]}})
+                .to_csv(sep="\t", index=False, float_format="%.6f"),
+            }
+        samples = [{"source": s, "reference": r, "hypothesis": h} for s, r, h in zip(srcs, refs, hyps)][: ev.n_samples]
+
+    with atomic_dir(out_dir) as tmp:
+        pd.DataFrame(per_example, columns=["split", "index", "nll", "tokens", "words"]).to_csv(
+            tmp / "per_example.tsv", sep="\t", index=False, float_format="%.6f")
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+    atomic_write_json(metrics_path, {
+        "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
+        "leaks_future": cell.leaks_future, "metrics": result, "n_test": int(sum(p["split"] == "test" for p in per_example)),
+        "checkpoint_step": meta.get("step"), "samples": samples, "provenance": provenance(study, seed=seed)})
+    shown = ", ".join(f"{k}={v:.3f}" for k, v in result.items() if isinstance(v, float) and not math.isnan(v))
+    print(f"evaluated {task}/{cell_name}/seed{seed}: {shown}", flush=True)
+
+
+def _lines(texts: list[str]) -> str:
+    return "".join(t.replace("\n", " ") + "\n" for t in texts)
+
+
+@torch.no_grad()
+def _lm_samples(model, sp, lines, n: int, device, prefix_words: int = 4, new_tokens: int = 16) -> list[dict]:
+    """Greedy continuations of the first words of a few test lines."""
+    out = []
+    for line in list(lines)[:n]:
+        words = str(line).split()
+        prompt = " ".join(words[:prefix_words])
+        ids = torch.tensor([sp.encode(prompt)], device=device)
+        for _ in range(new_tokens):
+            nxt = model(None, ids)[0, -1].argmax()
+            if int(nxt) == model.cfg.eos_id:
+                break
+            ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+        out.append({"source": prompt, "reference": str(line), "hypothesis": sp.decode(ids[0].tolist())})
+    return out

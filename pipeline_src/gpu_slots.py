@@ -1,0 +1,69 @@
+"""Give each concurrent job a GPU of its own.
+
+Snakemake's `--resources gpu=N` caps how many GPU jobs run at once but cannot tell a job *which*
+GPU to use (snakemake/snakemake#281), so N jobs would all start on cuda:0. Each job therefore
+claims a free GPU itself: it takes an exclusive, non-blocking `flock` on one lock file per GPU
+and keeps it for its lifetime. The kernel drops the lock when the process exits, even on
+SIGKILL, so a crashed job never leaves a GPU claimed.
+
+If the scheduler already chose (CUDA_VISIBLE_DEVICES set by SLURM or by hand), that choice is
+respected: the job claims among the GPUs it can see.
+"""
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+import time
+from pathlib import Path
+
+_held = []  # open lock files; kept referenced so the locks live as long as the process
+
+
+def lock_dir() -> Path:
+    path = Path(os.environ.get("PIPELINE_GPU_LOCK_DIR", Path(tempfile.gettempdir()) / "pipeline_gpu_slots"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _visible_key(index: int) -> str:
+    """A lock name that identifies the physical GPU, so jobs with different
+    CUDA_VISIBLE_DEVICES settings still exclude each other."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        if index < len(ids):
+            return ids[index]
+    return str(index)
+
+
+def claim_gpu(n_gpus: int | None = None, wait_s: float = 3600.0, poll_s: float = 2.0) -> int:
+    """Index (as torch sees it) of a GPU no other job holds; waits while all are taken."""
+    if n_gpus is None:
+        import torch
+        n_gpus = torch.cuda.device_count()
+    if n_gpus <= 1:
+        return 0
+    deadline = time.monotonic() + wait_s
+    while True:
+        for index in range(n_gpus):
+            handle = open(lock_dir() / f"gpu{_visible_key(index)}.lock", "a+")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                continue
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{os.getpid()}\n")
+            handle.flush()
+            _held.append(handle)
+            return index
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no free GPU among {n_gpus} after {wait_s:.0f} s (locks in {lock_dir()})")
+        time.sleep(poll_s)
+
+
+def release_all() -> None:
+    while _held:
+        _held.pop().close()

@@ -1,0 +1,179 @@
+"""The stage table: every job of a study, with its command, inputs, outputs and params read.
+
+This is the one source of truth for the DAG. `workflow/rules/*.smk` take their inputs, outputs
+and commands from here; `python -m pipeline_src dvc-yaml` writes dvc.yaml from here; a test
+checks that Snakemake's and DVC's views of the DAG agree job for job.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import Study, lookup
+
+# Code each stage runs. Listed as dependencies so that editing it reruns the stage under both
+# drivers (DVC hashes them; Snakemake compares modification times).
+# Directories are expanded to their files, because Snakemake looks at a directory's own mtime
+# (which an edited file does not change) while DVC hashes its content.
+_MODEL = "pipeline_src/model/*.py"
+CODE_PATTERNS = {
+    "download": ["pipeline_src/data/download.py", "pipeline_src/data/demo.py"],
+    "filter": ["pipeline_src/data/filter.py"],
+    "bpe": ["pipeline_src/bpe.py"],
+    "train": ["pipeline_src/train.py", _MODEL],
+    "evaluate": ["pipeline_src/evaluate.py", "pipeline_src/metrics.py", _MODEL],
+    "aggregate": ["pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
+    "figures": ["pipeline_src/report/figures.py"],
+    "tables": ["pipeline_src/report/tables.py"],
+    "report": ["pipeline_src/report/build.py", "pipeline_src/report/templates/*"],
+}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _expand(pattern: str) -> list[str]:
+    if "*" not in pattern:
+        return [pattern]
+    return sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob(pattern) if p.is_file())
+
+
+CODE = {stage: [f for pat in pats for f in _expand(pat)] for stage, pats in CODE_PATTERNS.items()}
+STAGE_ORDER = list(CODE)
+GPU_STAGES = {"train", "evaluate"}
+
+
+# Output paths, as templates over the job's wildcards. Snakemake rules use these templates
+# verbatim (with wildcards); DVC stages and jobs use them formatted.
+OUTPUTS: dict[str, dict[str, str]] = {
+    "download": {"raw": "data/{study}/raw/{dataset}"},
+    "filter": {"filtered": "data/{study}/filtered/{task}"},
+    "bpe": {"bpe": "data/{study}/bpe/{task}"},
+    "train": {
+        "ckpt": "data/{study}/runs/{task}/{cell}/seed{seed}/ckpt",
+        "metrics": "data/{study}/runs/{task}/{cell}/seed{seed}/train_metrics.json",
+        "log": "data/{study}/runs/{task}/{cell}/seed{seed}/train_log.tsv",
+        "cost": "data/{study}/runs/{task}/{cell}/seed{seed}/cost.json",
+    },
+    "evaluate": {
+        "outputs": "data/{study}/eval/{task}/{cell}/seed{seed}/outputs",
+        "metrics": "data/{study}/eval/{task}/{cell}/seed{seed}/eval_metrics.json",
+    },
+    "aggregate": {
+        "results": "reports/{study}/results.csv",
+        "summary": "reports/{study}/summary.csv",
+        "significance": "reports/{study}/significance.csv",
+    },
+    "figures": {"figures": "reports/{study}/figures"},
+    "tables": {"tables": "reports/{study}/tables"},
+    "report": {"pdf": "reports/{study}/report.pdf", "tex": "reports/{study}/report.tex"},
+}
+DIRECTORIES = {"raw", "filtered", "bpe", "ckpt", "outputs", "figures", "tables"}
+METRICS = {("train", "metrics"), ("evaluate", "metrics")}
+PLOTS = {("train", "log")}
+UNCACHED = {("train", "cost")}  # wall-clock figures: vary run to run, so never part of a cache hit
+# Scratch space for resumable training state: deliberately NOT a declared output, so a driver
+# that deletes incomplete outputs after a crash does not delete the state needed to resume.
+SCRATCH = "data/{study}/scratch/{task}/{cell}/seed{seed}"
+
+
+def output_path(stage: str, name: str, **wildcards) -> str:
+    return OUTPUTS[stage][name].format(**wildcards)
+
+
+@dataclass(frozen=True)
+class Job:
+    stage: str
+    key: str  # unique within the stage; also the DVC foreach key
+    wildcards: dict
+    cmd: str
+    deps: tuple[str, ...]
+    outs: dict[str, str]  # output name -> path
+    params: tuple[str, ...]  # dotted keys of the params file this job reads
+    gpu: bool = False
+    param_hash: str = field(default="", compare=False)
+
+    def out(self, name: str) -> str:
+        return self.outs[name]
+
+
+def _command(stage: str, study: Study, **args) -> str:
+    parts = ["python", "-m", "pipeline_src", stage, "--params", study.path]
+    for k, v in args.items():
+        parts += [f"--{k}", str(v)]
+    return shlex.join(parts)
+
+
+def _job(study: Study, stage: str, key: str, wildcards: dict, deps, params, args: dict) -> Job:
+    wc = dict(study=study.name, **wildcards)
+    outs = {name: tmpl.format(**wc) for name, tmpl in OUTPUTS[stage].items()}
+    return Job(stage=stage, key=key, wildcards=wc, cmd=_command(stage, study, **args),
+               deps=tuple(deps) + tuple(CODE[stage]), outs=outs, params=tuple(params),
+               gpu=stage in GPU_STAGES, param_hash=study.section_hash(*params))
+
+
+def _existing(study: Study, *keys: str) -> list[str]:
+    # DVC refuses a params entry whose key is absent from the file, so list only present ones.
+    return [k for k in keys if lookup(study.raw, k) is not None]
+
+
+def build_jobs(study: Study) -> list[Job]:
+    """All jobs of a study, in a valid execution order."""
+    jobs: list[Job] = []
+    s = study.name
+    used_datasets = list(dict.fromkeys(t.dataset for t in study.tasks.values()))
+    for ds in used_datasets:
+        jobs.append(_job(study, "download", ds, {"dataset": ds}, [], [f"datasets.{ds}"], {"dataset": ds}))
+    for task in study.tasks.values():
+        wc = {"task": task.name}
+        raw = output_path("download", "raw", study=s, dataset=task.dataset)
+        jobs.append(_job(study, "filter", task.name, dict(wc, dataset=task.dataset), [raw],
+                         _existing(study, f"tasks.{task.name}.filter"), {"task": task.name}))
+        filtered = output_path("filter", "filtered", study=s, task=task.name)
+        jobs.append(_job(study, "bpe", task.name, wc, [filtered], _existing(study, f"tasks.{task.name}.bpe"),
+                         {"task": task.name}))
+    train_jobs, eval_jobs = [], []
+    for task in study.tasks.values():
+        bpe = output_path("bpe", "bpe", study=s, task=task.name)
+        for cell in task.cells:
+            for seed in study.seeds:
+                wc = {"task": task.name, "cell": cell, "seed": seed}
+                key = f"{task.name}-{cell}-s{seed}"
+                args = {"task": task.name, "cell": cell, "seed": seed}
+                train_params = _existing(study, f"tasks.{task.name}.model", f"tasks.{task.name}.train",
+                                         f"cells.{cell}")
+                train_jobs.append(_job(study, "train", key, wc, [bpe], train_params, args))
+                ckpt = output_path("train", "ckpt", study=s, **wc)
+                eval_params = _existing(study, f"tasks.{task.name}.eval", f"cells.{cell}")
+                eval_jobs.append(_job(study, "evaluate", key, wc, [bpe, ckpt], eval_params, args))
+    jobs += train_jobs + eval_jobs
+    wc = {}
+    filtered_all = [output_path("filter", "filtered", study=s, task=t) for t in study.tasks]
+    run_files = [j.out(n) for j in train_jobs for n in ("metrics", "cost")]
+    eval_files = [j.out(n) for j in eval_jobs for n in ("outputs", "metrics")]
+    agg = _job(study, "aggregate", s, wc, filtered_all + run_files + eval_files, ["tasks", "cells", "seeds"], {})
+    logs = [j.out("log") for j in train_jobs]
+    first_ckpt = [j.out("ckpt") for j in train_jobs[:1]]
+    bpe_all = [output_path("bpe", "bpe", study=s, task=t) for t in study.tasks]
+    figs = _job(study, "figures", s, wc, list(agg.outs.values()) + logs + first_ckpt + bpe_all[:1],
+                _existing(study, "report"), {})
+    tabs = _job(study, "tables", s, wc, list(agg.outs.values()) + filtered_all + bpe_all,
+                ["tasks", "cells", "datasets"], {})
+    report = _job(study, "report", s, wc, [figs.out("figures"), tabs.out("tables")] + list(agg.outs.values())
+                  + [j.out("outputs") for j in eval_jobs], _existing(study, "report", "study"), {})
+    jobs += [agg, figs, tabs, report]
+    return jobs
+
+
+def jobs_by_stage(study: Study) -> dict[str, dict[str, Job]]:
+    out: dict[str, dict[str, Job]] = {s: {} for s in STAGE_ORDER}
+    for job in build_jobs(study):
+        out[job.stage][job.key] = job
+    return out
+
+
+def job_for_wildcards(study: Study, stage: str, wildcards) -> Job:
+    """The job a Snakemake rule instance stands for (matched on its output paths)."""
+    for job in jobs_by_stage(study)[stage].values():
+        if all(str(job.wildcards.get(k)) == str(v) for k, v in dict(wildcards).items()):
+            return job
+    raise KeyError(f"no {stage} job for {dict(wildcards)} in study {study.name}")

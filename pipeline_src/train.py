@@ -1,0 +1,398 @@
+"""Train one task x cell x seed.
+
+GPU first (bf16 autocast, TF32, SDPA; optional torch.compile), CPU fallback with the same params.
+Resumable: the full training state (model, optimiser, scheduler, RNGs, data position, best
+metric, patience, log) is saved atomically to a scratch directory every `eval_every` steps, and a
+restarted run continues from it; a run killed at any moment ends with the same weights and
+metrics as one that was never interrupted (bit for bit on CPU).
+
+Outputs (paths from the stage table): ckpt/{best,last}.pt (+ averaged.pt), train_metrics.json
+(deterministic: same params + seed -> same bytes on CPU), train_log.tsv, cost.json (wall clock).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import batching
+from .common import (StageError, atomic_dir, atomic_write_json, atomic_write_text, progress, provenance,
+                     seed_everything)
+from .config import CellConfig, Study
+from .data.tokens import BOS, EOS, PAD, load_spm
+from .gpu_slots import claim_gpu
+from .model import ModelConfig, Transformer, count_parameters, flops_per_token
+from .stages import SCRATCH, output_path
+
+LOG_COLUMNS = ["step", "epoch", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mem_mb"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Model and schedule
+
+
+def model_config(cell: CellConfig, vocab_size: int) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab_size, pad_id=PAD, bos_id=BOS, eos_id=EOS, **cell.model)
+
+
+def learning_rate(step: int, cfg) -> float:
+    """Peak lr `cfg.lr` reached after `warmup_steps` (linear warm-up), then:
+    inverse_sqrt - the paper's schedule, lr ∝ step^-0.5 (Vaswani et al. §5.3, rescaled to the peak);
+    cosine - to zero at max_steps; constant."""
+    step = max(step, 1)
+    warm = cfg.warmup_steps
+    if warm and step < warm:
+        return cfg.lr * step / warm
+    if cfg.schedule == "inverse_sqrt":
+        return cfg.lr * math.sqrt(max(warm, 1) / step)
+    if cfg.schedule == "cosine":
+        progress_ = (step - warm) / max(1, cfg.max_steps - warm)
+        return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, progress_)))
+    return cfg.lr
+
+
+def select_device(study: Study) -> torch.device:
+    want = study.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise StageError("device: cuda requested in the params file but torch sees no CUDA device")
+    if want in ("auto", "cuda") and torch.cuda.is_available():
+        return torch.device("cuda", claim_gpu())
+    torch.set_num_threads(int(os.environ.get("PIPELINE_CPU_THREADS", "1")))
+    return torch.device("cpu")
+
+
+def autocast(device: torch.device, precision: str):
+    use_bf16 = device.type == "cuda" and precision in ("auto", "bf16")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16)
+
+
+def sequence_loss(model, batch: dict, label_smoothing: float = 0.0, reduction: str = "sum") -> tuple[torch.Tensor, int]:
+    """Summed cross-entropy over target tokens (PAD ignored) and the number of those tokens."""
+    logits = model(batch["src"], batch["tgt_in"])
+    target = batch["tgt_out"]
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=PAD,
+                           label_smoothing=label_smoothing, reduction=reduction)
+    return loss, int((target != PAD).sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+class TaskData:
+    """Training batches for one epoch at a time, and the validation batches."""
+
+    def __init__(self, cell: CellConfig, bpe_dir: Path, seed: int):
+        self.cell, self.seed, t = cell, seed, cell.train
+        self.arch = cell.model["arch"]
+        if cell.kind == "lm":
+            self.train_stream, _ = batching.load_lm_stream(bpe_dir, "train")
+            self.val_stream, _ = batching.load_lm_stream(bpe_dir, "validation")
+            self.rows = max(1, t.batch_tokens // t.lm_seq_len)
+            self.train_starts = batching.lm_windows(self.train_stream, t.lm_seq_len)
+            self.val_starts = batching.lm_windows(self.val_stream, t.lm_seq_len)
+        else:
+            self.train = batching.load_seq2seq(bpe_dir, "train", t.max_src_len, t.max_tgt_len)
+            self.val = batching.load_seq2seq(bpe_dir, "validation", t.max_src_len, t.max_tgt_len)
+        if self.epoch_batches(0) == []:
+            raise StageError(f"task {cell.task}: the training split is empty after encoding")
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        t = self.cell.train
+        if self.cell.kind == "lm":
+            return batching.lm_batches(len(self.train_starts), self.rows, self.seed, epoch)
+        return batching.seq2seq_batches(self.train, t.batch_tokens, self.arch, self.seed, epoch)
+
+    def train_batch(self, idx: list[int]) -> dict:
+        if self.cell.kind == "lm":
+            return batching.collate_lm(self.train_stream, self.train_starts, idx, self.cell.train.lm_seq_len)
+        return batching.collate_seq2seq(self.train, idx, self.arch)
+
+    def val_batches(self):
+        t = self.cell.train
+        if self.cell.kind == "lm":
+            for idx in batching.lm_batches(len(self.val_starts), self.rows, None):
+                yield batching.collate_lm(self.val_stream, self.val_starts, idx, t.lm_seq_len)
+        else:
+            for idx in batching.seq2seq_batches(self.val, t.batch_tokens, self.arch, None):
+                yield batching.collate_seq2seq(self.val, idx, self.arch)
+
+
+@torch.no_grad()
+def validation_loss(model, data: TaskData, device, precision: str) -> float:
+    """Mean NLL per target token (no label smoothing), the quantity perplexity is made from."""
+    model.eval()
+    total, count = 0.0, 0
+    for batch in data.val_batches():
+        with autocast(device, precision):
+            loss, n = sequence_loss(model, batching.to_device(batch, device))
+        total, count = total + float(loss), count + n
+    model.train()
+    return total / max(count, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# State: everything needed to continue exactly where a run stopped
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save(path: Path, obj) -> None:
+    """torch.save through a temporary file + rename: a kill never leaves a torn checkpoint."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _load(path: Path):
+    # RNG states hold numpy arrays and tuples, which the weights-only unpickler refuses;
+    # this file is our own scratch state, never a downloaded checkpoint.
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def run(study: Study, task: str, cell_name: str, seed: int) -> None:
+    cell = study.cell(task, cell_name)
+    t = cell.train
+    wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
+    out = {name: Path(output_path("train", name, **wc)) for name in ("ckpt", "metrics", "log", "cost")}
+    scratch = Path(SCRATCH.format(**wc))
+    bpe_dir = Path(output_path("bpe", "bpe", study=study.name, task=task))
+
+    seed_everything(seed)
+    device = select_device(study)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    vocab_size = load_spm(bpe_dir).get_piece_size()
+    data = TaskData(cell, bpe_dir, seed)
+    mcfg = model_config(cell, vocab_size)
+    model = Transformer(mcfg).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: learning_rate(s + 1, t) / t.lr)
+    step_fn = torch.compile(model) if (t.compile and device.type == "cuda") else model
+
+    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_val": math.inf, "best_step": 0, "bad_evals": 0,
+             "log": [], "train_tokens": 0, "averaged": []}
+    state_path = scratch / "state.pt"
+    resumed_from = None
+    fingerprint = study.section_hash(*[k for k in (f"tasks.{task}.model", f"tasks.{task}.train", f"cells.{cell_name}")])
+    if state_path.exists():
+        saved = _load(state_path)
+        if saved.get("fingerprint") == fingerprint:
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            scheduler.load_state_dict(saved["scheduler"])
+            _set_rng_state(saved["rng"])
+            state = saved["state"]
+            resumed_from = state["step"]
+            print(f"resuming {task}/{cell_name}/seed{seed} from step {state['step']}", flush=True)
+        else:  # params changed since that state was written: it belongs to another run
+            shutil.rmtree(scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+
+    n_params = count_parameters(model)
+    fpt = flops_per_token(mcfg, t.max_src_len, t.lm_seq_len if cell.kind == "lm" else t.max_tgt_len)
+    peak = _peak_flops(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model.train()
+    started, timed_tokens, timed_s = time.perf_counter(), 0, 0.0
+    stop_reason = "max_steps"
+    batches = data.epoch_batches(state["epoch"])
+    bar = progress(total=t.max_steps, initial=state["step"], desc=f"train {task}/{cell_name}/s{seed}", unit="step")
+    while state["step"] < t.max_steps:
+        if t.max_epochs is not None and state["epoch"] >= t.max_epochs:
+            stop_reason = "max_epochs"
+            break
+        if t.time_budget_s is not None and time.perf_counter() - started > t.time_budget_s:
+            stop_reason = "time_budget"
+            break
+        tick = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        step_tokens, step_loss = 0, 0.0
+        micro = []
+        for _ in range(t.grad_accum):
+            if state["batch_in_epoch"] >= len(batches):
+                state["epoch"] += 1
+                state["batch_in_epoch"] = 0
+                batches = data.epoch_batches(state["epoch"])
+            micro.append(data.train_batch(batches[state["batch_in_epoch"]]))
+            state["batch_in_epoch"] += 1
+        total_tokens = sum(int((b["tgt_out"] != PAD).sum()) for b in micro)
+        for batch in micro:
+            with autocast(device, t.precision):
+                loss, n = sequence_loss(step_fn, batching.to_device(batch, device), t.label_smoothing)
+            (loss / total_tokens).backward()
+            step_loss += loss.detach().item()
+            step_tokens += n
+        if not math.isfinite(step_loss):
+            bar.close()
+            raise StageError(
+                f"{task}/{cell_name}/seed{seed}: non-finite training loss at step {state['step'] + 1}; "
+                f"the last good state is kept in {state_path} (lower lr or enable clipping)")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm or float("inf")))
+        optimizer.step()
+        scheduler.step()
+        state["step"] += 1
+        state["train_tokens"] += step_tokens
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - tick
+        timed_tokens, timed_s = timed_tokens + step_tokens, timed_s + elapsed
+        step, row = state["step"], None
+        if step % t.log_every == 0 or step == 1:
+            row = {"step": step, "epoch": state["epoch"], "train_loss": step_loss / max(step_tokens, 1), "val_loss": "",
+                   "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                   "tokens_per_s": step_tokens / max(elapsed, 1e-9), "mem_mb": _memory_mb(device)}
+            bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+        bar.update(1)
+        if step % t.eval_every == 0 or step == t.max_steps:
+            val = validation_loss(model, data, device, t.precision)
+            row = row or {"step": step, "epoch": state["epoch"], "train_loss": step_loss / max(step_tokens, 1),
+                          "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                          "tokens_per_s": step_tokens / max(elapsed, 1e-9), "mem_mb": _memory_mb(device)}
+            row["val_loss"] = val
+            if val < state["best_val"]:
+                state.update(best_val=val, best_step=step, bad_evals=0)
+                _save(scratch / "best.pt", _weights(model))
+            else:
+                state["bad_evals"] += 1
+            if t.average_last:
+                name = f"eval{step}.pt"
+                _save(scratch / name, _weights(model))
+                state["averaged"] = (state["averaged"] + [name])[-t.average_last:]
+            state["final_val"] = val
+        if row is not None:
+            state["log"].append(row)
+        if step % t.eval_every == 0 or step == t.max_steps:
+            _save(state_path, {"fingerprint": fingerprint, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                               "scheduler": scheduler.state_dict(), "rng": _rng_state(), "state": state})
+            if t.patience and state["bad_evals"] >= t.patience:
+                stop_reason = "early_stopping"
+                break
+    bar.close()
+    wall = time.perf_counter() - started
+
+    if "final_val" not in state:  # stopped by a budget before the first evaluation
+        state["final_val"] = validation_loss(model, data, device, t.precision)
+        if state["final_val"] < state["best_val"]:
+            state.update(best_val=state["final_val"], best_step=state["step"])
+            _save(scratch / "best.pt", _weights(model))
+    meta = {"config": cell.to_dict(), "vocab_size": vocab_size, "seed": seed, "step": state["step"],
+            "model_config": dataclasses.asdict(mcfg)}
+    with atomic_dir(out["ckpt"]) as ckpt:
+        torch.save({"model": _weights(model), "meta": meta}, ckpt / "last.pt")
+        best = _load(scratch / "best.pt") if (scratch / "best.pt").exists() else _weights(model)
+        torch.save({"model": best, "meta": dict(meta, step=state["best_step"])}, ckpt / "best.pt")
+        if state["averaged"]:
+            avg = _average([_load(scratch / n) for n in state["averaged"]])
+            torch.save({"model": avg, "meta": dict(meta, averaged=state["averaged"])}, ckpt / "averaged.pt")
+        atomic_write_json(ckpt / "config.json", meta)
+    log_text = "\t".join(LOG_COLUMNS) + "\n" + "".join(
+        "\t".join(_fmt(r.get(c, "")) for c in LOG_COLUMNS) + "\n" for r in state["log"])
+    atomic_write_text(out["log"], log_text)
+    final_train = next((r["train_loss"] for r in reversed(state["log"]) if r.get("train_loss") != ""), float("nan"))
+    atomic_write_json(out["metrics"], {
+        "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
+        "leaks_future": cell.leaks_future, "n_params": n_params, "flops_per_token": fpt, "steps": state["step"],
+        "epochs": state["epoch"], "train_tokens": state["train_tokens"], "best_val_loss": state["best_val"],
+        "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train,
+        "stop_reason": stop_reason, "eval_checkpoint": "averaged.pt" if state["averaged"] else "best.pt",
+        "config": cell.to_dict(), "provenance": provenance(study, seed=seed)})
+    tokens_per_s = timed_tokens / max(timed_s, 1e-9)
+    atomic_write_json(out["cost"], {
+        "wall_s": wall, "tokens_per_s": tokens_per_s, "device": device.type,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "peak_mem_mb": _memory_mb(device, peak=True), "precision": _precision_name(device, t.precision),
+        "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
+        "resumed_from_step": resumed_from})
+    shutil.rmtree(scratch, ignore_errors=True)
+    print(f"trained {task}/{cell_name}/seed{seed}: {state['step']} steps, best val loss {state['best_val']:.4f} "
+          f"(step {state['best_step']}), {tokens_per_s:.0f} tok/s on {device}", flush=True)
+
+
+def _weights(model) -> dict:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def _average(states: list[dict]) -> dict:
+    return {k: sum(s[k].float() for s in states) / len(states) if states[0][k].is_floating_point() else states[-1][k]
+            for k in states[0]}
+
+
+def _fmt(v) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _memory_mb(device, peak: bool = False) -> float:
+    if device.type == "cuda":
+        return (torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device)) / 2**20
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _precision_name(device, precision: str) -> str:
+    return "bf16-autocast" if device.type == "cuda" and precision in ("auto", "bf16") else "fp32"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def _peak_flops(device) -> float | None:
+    """Measured dense bf16 matmul throughput of this GPU (the MFU denominator); None on CPU."""
+    if device.type != "cuda":
+        return None
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(device)
+    tick, reps = time.perf_counter(), 20
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize(device)
+    return 2 * n**3 * reps / (time.perf_counter() - tick)
+
+
+def load_trained_model(ckpt_dir, device="cpu", which: str | None = None):
+    """(model in eval mode, meta) from a train stage's ckpt/ directory."""
+    ckpt_dir = Path(ckpt_dir)
+    if which is None:
+        which = "averaged.pt" if (ckpt_dir / "averaged.pt").exists() else "best.pt"
+    blob = torch.load(ckpt_dir / which, map_location="cpu", weights_only=True)
+    meta = blob["meta"]
+    cfg = ModelConfig(**meta["model_config"])
+    model = Transformer(cfg)
+    model.load_state_dict(blob["model"])
+    return model.to(device).eval(), meta

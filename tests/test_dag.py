@@ -1,0 +1,92 @@
+"""Snakemake and DVC run the same DAG: same jobs, same commands, same inputs and outputs.
+
+Both sides are read from the drivers themselves (`snakemake -n -p --forceall` and
+`dvc repro --dry --force` plus DVC's own stage loader), not from our stage table, so a rule or a
+dvc.yaml that drifted from the table makes this fail.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline_src.config import load_study
+from pipeline_src.dvc_yaml import dvc_yaml_path, render
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDIES = ["params.yaml", "workflow/studies/demo/params.yaml", "workflow/studies/mirror/params.yaml"]
+BIN = Path(sys.executable).parent
+
+
+def _env():
+    return dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}")
+
+
+def snakemake_jobs(params: str, cwd: Path = ROOT) -> dict[str, dict]:
+    """{shell command: {"rule", "inputs", "outputs"}} from a forced dry run."""
+    proc = subprocess.run([BIN / "snakemake", "--config", f"params={params}", "--forceall", "-n", "-p",
+                           "--cores", "1"], cwd=cwd, capture_output=True, text=True, env=_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = {}
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", proc.stdout):
+        head = re.match(r"(?:local)?rule (\w+):", block)
+        if not head or head.group(1) == "all":
+            continue
+        fields = dict(re.findall(r"^    (input|output): (.*)$", block, re.M))
+        cmd = re.search(r"^Shell command: (.*)$", block, re.M).group(1)
+        cmd = re.sub(r" 2> \S+$", "", cmd)  # Snakemake's log redirection; DVC shows logs on the console
+        jobs[cmd] = {"rule": head.group(1), "inputs": set(filter(None, fields.get("input", "").split(", "))),
+                     "outputs": set(fields["output"].split(", "))}
+    return jobs
+
+
+def dvc_jobs(params: str, cwd: Path = ROOT) -> dict[str, dict]:
+    from dvc.repo import Repo
+
+    study = load_study(cwd / params)
+    dvc_file = str(dvc_yaml_path(study))
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        with Repo(str(cwd)) as repo:
+            stages = repo.stage.collect(dvc_file)
+            jobs = {}
+            for st in stages:
+                wdir = Path(st.wdir).resolve()
+                rel = lambda p: os.path.relpath(wdir / p, cwd.resolve())  # noqa: E731
+                deps = {rel(d.def_path) for d in st.deps if type(d).__name__ != "ParamsDependency"}
+                jobs[st.cmd] = {"stage": st.addressing, "inputs": deps, "outputs": {rel(o.def_path) for o in st.outs}}
+    finally:
+        os.chdir(old)
+    dry = subprocess.run([BIN / "dvc", "repro", "--dry", "--force", dvc_file], cwd=cwd, capture_output=True,
+                         text=True, env=_env())
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    listed = re.findall(r"^> (.*)$", dry.stdout, re.M)
+    assert sorted(listed) == sorted(jobs), "dvc repro --dry lists other jobs than dvc.yaml defines"
+    return jobs
+
+
+@pytest.mark.parametrize("params", STUDIES)
+def test_committed_dvc_yaml_is_up_to_date(params, monkeypatch):
+    monkeypatch.chdir(ROOT)  # commands in dvc.yaml name the params file relative to the root
+    study = load_study(params)
+    path = ROOT / dvc_yaml_path(study)
+    assert path.exists(), f"{path} missing: run `make dvc-yaml`"
+    assert path.read_text() == render(study), f"{path} is stale: run `make dvc-yaml`"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params", STUDIES)
+def test_snakemake_and_dvc_run_the_same_jobs(params, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    smk = snakemake_jobs(params)
+    dvc = dvc_jobs(params)
+    assert set(smk) == set(dvc), f"only in snakemake: {set(smk) - set(dvc)}; only in dvc: {set(dvc) - set(smk)}"
+    for cmd in smk:
+        assert smk[cmd]["outputs"] == dvc[cmd]["outputs"], cmd
+        assert smk[cmd]["inputs"] == dvc[cmd]["inputs"], cmd
+    study = load_study(ROOT / params)
+    n_train = sum(len(t.cells) for t in study.tasks.values()) * len(study.seeds)
+    assert sum(j["rule"] == "train" for j in smk.values()) == n_train

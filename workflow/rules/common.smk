@@ -1,0 +1,50 @@
+# Shared set-up: load + validate the study's params file and expose the stage table to rules.
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(workflow.basedir)))
+
+from pipeline_src.config import ConfigError, load_study
+from pipeline_src.stages import DIRECTORIES, OUTPUTS, job_for_wildcards
+
+PARAMS_FILE = config.get("params", "params.yaml")
+try:
+    STUDY = load_study(PARAMS_FILE)
+except ConfigError as err:
+    # One line naming the key, and nothing scheduled.
+    raise SystemExit(f"error: {err}")
+
+REPORT_PDF = OUTPUTS["report"]["pdf"].format(study=STUDY.name)
+
+
+wildcard_constraints:
+    task="[a-z0-9_-]+",
+    cell="[a-z0-9_-]+",
+    dataset="[a-z0-9_-]+",
+    seed=r"\d+",
+
+
+def stage_outputs(stage):
+    """The stage's output templates, with the study filled in and directories marked."""
+    outs = {}
+    for name, template in OUTPUTS[stage].items():
+        path = template.replace("{study}", STUDY.name)
+        outs[name] = directory(path) if name in DIRECTORIES else path
+    return outs
+
+
+def stage_inputs(stage):
+    return lambda wildcards: list(job_for_wildcards(STUDY, stage, wildcards).deps)
+
+
+def stage_command(stage):
+    return lambda wildcards: job_for_wildcards(STUDY, stage, wildcards).cmd
+
+
+def stage_params_hash(stage):
+    # Changes exactly when a params section this job reads changes (Snakemake's params trigger).
+    return lambda wildcards: job_for_wildcards(STUDY, stage, wildcards).param_hash
+
+
+def stage_log(stage, pattern):
+    return f"logs/{STUDY.name}/{stage}/{pattern}.log"

@@ -1,0 +1,16 @@
+# One job per task x cell x seed. `gpu=1`: with `--resources gpu=N`, at most N run at once, and
+# each claims a free GPU of its own (pipeline_src/gpu_slots.py) rather than all piling onto GPU 0.
+rule train:
+    input:
+        stage_inputs("train"),
+    output:
+        **stage_outputs("train"),
+    params:
+        cmd=stage_command("train"),
+        params_hash=stage_params_hash("train"),
+    resources:
+        gpu=1,
+    log:
+        stage_log("train", "{task}-{cell}-s{seed}"),
+    shell:
+        "{params.cmd} 2> {log}"
