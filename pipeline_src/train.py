@@ -64,6 +64,8 @@ def select_device(study: Study) -> torch.device:
     if want == "cuda" and not torch.cuda.is_available():
         raise StageError("device: cuda requested in the params file but torch sees no CUDA device")
     if want in ("auto", "cuda") and torch.cuda.is_available():
+        if "LOCAL_RANK" in os.environ:  # torchrun: one process per GPU, chosen by torchrun
+            return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         return torch.device("cuda", claim_gpu())
     torch.set_num_threads(int(os.environ.get("PIPELINE_CPU_THREADS", "1")))
     return torch.device("cpu")
@@ -140,6 +142,35 @@ def validation_loss(model, data: TaskData, device, precision: str) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# Several processes (torchrun): every rank builds the same global batch and keeps its share
+
+
+def distributed_setup(device: torch.device) -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return dist.get_rank(), world
+
+
+def shard(batch: dict, rank: int, world: int) -> dict:
+    """Rows rank, rank+world, ... of a global batch. A rank left without rows keeps one row with
+    no target tokens, so that every rank still joins the gradient all-reduce."""
+    if world == 1:
+        return batch
+    n = batch["tgt_in"].size(0)
+    rows = list(range(rank, n, world))
+    empty = not rows
+    rows = rows or [0]
+    out = {k: (v[rows] if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+    if empty:
+        out["tgt_out"] = torch.full_like(out["tgt_out"], PAD)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # State: everything needed to continue exactly where a run stopped
 
 
@@ -190,9 +221,12 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     data = TaskData(cell, bpe_dir, seed)
     mcfg = model_config(cell, vocab_size)
     model = Transformer(mcfg).to(device)
+    rank, world = distributed_setup(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: learning_rate(s + 1, t) / t.lr)
     step_fn = torch.compile(model) if (t.compile and device.type == "cuda") else model
+    if world > 1:
+        step_fn = torch.nn.parallel.DistributedDataParallel(step_fn, device_ids=[device.index] if device.type == "cuda" else None)
 
     state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_val": math.inf, "best_step": 0, "bad_evals": 0,
              "log": [], "train_tokens": 0, "averaged": []}
@@ -220,15 +254,14 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     model.train()
     started, timed_tokens, timed_s = time.perf_counter(), 0, 0.0
-    stop_reason = "max_steps"
     batches = data.epoch_batches(state["epoch"])
     bar = progress(total=t.max_steps, initial=state["step"], desc=f"train {task}/{cell_name}/s{seed}", unit="step")
-    while state["step"] < t.max_steps:
+    while state["step"] < t.max_steps and "stop_reason" not in state:
         if t.max_epochs is not None and state["epoch"] >= t.max_epochs:
-            stop_reason = "max_epochs"
+            state["stop_reason"] = "max_epochs"
             break
         if t.time_budget_s is not None and time.perf_counter() - started > t.time_budget_s:
-            stop_reason = "time_budget"
+            state["stop_reason"] = "time_budget"
             break
         tick = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -241,11 +274,13 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
                 batches = data.epoch_batches(state["epoch"])
             micro.append(data.train_batch(batches[state["batch_in_epoch"]]))
             state["batch_in_epoch"] += 1
-        total_tokens = sum(int((b["tgt_out"] != PAD).sum()) for b in micro)
+        total_tokens = sum(int((b["tgt_out"] != PAD).sum()) for b in micro)  # over the global batch
         for batch in micro:
             with autocast(device, t.precision):
-                loss, n = sequence_loss(step_fn, batching.to_device(batch, device), t.label_smoothing)
-            (loss / total_tokens).backward()
+                loss, n = sequence_loss(step_fn, batching.to_device(shard(batch, rank, world), device), t.label_smoothing)
+            # DDP averages gradients over ranks; scaling by `world` turns that into the sum, so the
+            # gradient is that of the global batch's mean token loss, as in one process.
+            (loss * world / total_tokens).backward()
             step_loss += loss.detach().item()
             step_tokens += n
         if not math.isfinite(step_loss):
@@ -277,24 +312,32 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
             row["val_loss"] = val
             if val < state["best_val"]:
                 state.update(best_val=val, best_step=step, bad_evals=0)
-                _save(scratch / "best.pt", _weights(model))
+                if rank == 0:
+                    _save(scratch / "best.pt", _weights(model))
             else:
                 state["bad_evals"] += 1
             if t.average_last:
                 name = f"eval{step}.pt"
-                _save(scratch / name, _weights(model))
+                if rank == 0:
+                    _save(scratch / name, _weights(model))
                 state["averaged"] = (state["averaged"] + [name])[-t.average_last:]
             state["final_val"] = val
         if row is not None:
             state["log"].append(row)
         if step % t.eval_every == 0 or step == t.max_steps:
-            _save(state_path, {"fingerprint": fingerprint, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                               "scheduler": scheduler.state_dict(), "rng": _rng_state(), "state": state})
             if t.patience and state["bad_evals"] >= t.patience:
-                stop_reason = "early_stopping"
-                break
+                state["stop_reason"] = "early_stopping"  # saved with the state: a resumed run stops too
+            if rank == 0:
+                _save(state_path, {"fingerprint": fingerprint, "model": model.state_dict(),
+                                   "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                   "rng": _rng_state(), "state": state})
     bar.close()
+    if world > 1:
+        import torch.distributed as dist
+        dist.destroy_process_group()
     wall = time.perf_counter() - started
+    if rank != 0:  # rank 0 writes every output
+        return
 
     if "final_val" not in state:  # stopped by a budget before the first evaluation
         state["final_val"] = validation_loss(model, data, device, t.precision)
@@ -320,7 +363,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         "leaks_future": cell.leaks_future, "n_params": n_params, "flops_per_token": fpt, "steps": state["step"],
         "epochs": state["epoch"], "train_tokens": state["train_tokens"], "best_val_loss": state["best_val"],
         "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train,
-        "stop_reason": stop_reason, "eval_checkpoint": "averaged.pt" if state["averaged"] else "best.pt",
+        "stop_reason": state.get("stop_reason", "max_steps"), "eval_checkpoint": "averaged.pt" if state["averaged"] else "best.pt",
         "config": cell.to_dict(), "provenance": provenance(study, seed=seed)})
     tokens_per_s = timed_tokens / max(timed_s, 1e-9)
     atomic_write_json(out["cost"], {

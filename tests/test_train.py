@@ -1,0 +1,185 @@
+"""Training engine: exact resume after SIGKILL, DDP == one process, NaN guard, GPU slots, determinism."""
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline_src import train as train_mod
+from pipeline_src.common import StageError
+from pipeline_src.config import TrainConfig, load_study
+from pipeline_src.stages import SCRATCH, output_path
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml"
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_QUIET="1", PIPELINE_CPU_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def _write_params(directory: Path, **train_overrides) -> str:
+    params = yaml.safe_load(TINY.read_text())
+    params["tasks"]["reorder"]["train"].update(train_overrides)
+    params["tasks"]["reorder"]["model"]["dropout"] = 0.0  # DDP ranks draw different dropout masks
+    (directory / "tiny.yaml").write_text(yaml.safe_dump(params))
+    return "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A directory holding the tiny study's prepared data (download, filter, bpe)."""
+    d = tmp_path_factory.mktemp("train")
+    params = _write_params(d, max_steps=60, eval_every=5, log_every=5)
+    for stage, arg in [("download", ["--dataset", "tiny_reorder"]), ("filter", ["--task", "reorder"]),
+                       ("bpe", ["--task", "reorder"])]:
+        subprocess.run([sys.executable, "-m", "pipeline_src", stage, "--params", params, *arg], cwd=d, env=_env(),
+                       check=True, capture_output=True)
+    return d
+
+
+def _train_cmd(params="tiny.yaml", cell="baseline"):
+    return [sys.executable, "-m", "pipeline_src", "train", "--params", params, "--task", "reorder", "--cell", cell,
+            "--seed", "0"]
+
+
+def _outputs(d: Path, cell="baseline"):
+    wc = dict(study="tiny", task="reorder", cell=cell, seed=0)
+    return d / output_path("train", "metrics", **wc), d / output_path("train", "ckpt", **wc), d / SCRATCH.format(**wc)
+
+
+def _clear(d: Path, cell="baseline"):
+    for p in _outputs(d, cell):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def _weights(ckpt: Path) -> dict:
+    return torch.load(ckpt / "last.pt", map_location="cpu", weights_only=True)["model"]
+
+
+def test_same_seed_same_metrics_bit_for_bit(workdir):
+    metrics, ckpt, _ = _outputs(workdir)
+    results = []
+    for _ in range(2):
+        _clear(workdir)
+        subprocess.run(_train_cmd(), cwd=workdir, env=_env(), check=True, capture_output=True)
+        results.append((metrics.read_bytes(), _weights(ckpt)))
+    assert results[0][0] == results[1][0]
+    assert all(torch.equal(results[0][1][k], results[1][1][k]) for k in results[0][1])
+
+
+def test_sigkill_at_a_random_moment_then_restart_gives_identical_results(workdir):
+    metrics, ckpt, scratch = _outputs(workdir)
+    _clear(workdir)
+    subprocess.run(_train_cmd(), cwd=workdir, env=_env(), check=True, capture_output=True)
+    reference_metrics, reference_weights = metrics.read_bytes(), _weights(ckpt)
+
+    _clear(workdir)
+    proc = subprocess.Popen(_train_cmd(), cwd=workdir, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 60
+    while not (scratch / "state.pt").exists():  # wait for the first saved state, then kill soon after
+        assert proc.poll() is None and time.time() < deadline, "training ended before saving any state"
+        time.sleep(0.005)
+    time.sleep(random.uniform(0.0, 0.3))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not metrics.exists() or proc.returncode == 0
+    restarted = subprocess.run(_train_cmd(), cwd=workdir, env=_env(), check=True, capture_output=True, text=True)
+    if proc.returncode != 0:  # the kill landed mid-run, so the restart must have resumed
+        assert "resuming" in restarted.stdout
+    assert metrics.read_bytes() == reference_metrics
+    weights = _weights(ckpt)
+    assert all(torch.equal(weights[k], reference_weights[k]) for k in weights)
+    assert not scratch.exists()  # scratch state is removed once the outputs are written
+
+
+def test_ddp_two_gloo_processes_match_one_process(workdir):
+    metrics, ckpt, _ = _outputs(workdir)
+    _clear(workdir)
+    subprocess.run(_train_cmd(), cwd=workdir, env=_env(), check=True, capture_output=True)
+    single = _weights(ckpt)
+    single_loss = json.loads(metrics.read_text())["best_val_loss"]
+    _clear(workdir)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                           "-m", "pipeline_src", *_train_cmd()[3:]], cwd=workdir, env=_env(OMP_NUM_THREADS="1"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    double = _weights(ckpt)
+    d = yaml.safe_load((workdir / "tiny.yaml").read_text())["tasks"]["reorder"]["model"]["d_model"]
+    for k in single:
+        a, b = single[k].clone(), double[k].clone()
+        # The key projection's bias has an exactly-zero true gradient (softmax ignores a constant
+        # shift of a query's scores), so Adam's m/sqrt(v) blows its rounding noise up to lr-sized
+        # steps that differ with the reduction order. Everything else must agree.
+        if k.endswith("qkv_proj.bias"):
+            a[d:2 * d] = b[d:2 * d] = 0
+        if k.endswith("kv_proj.bias") and not k.endswith("qkv_proj.bias"):
+            a[:d] = b[:d] = 0
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), k
+    assert json.loads(metrics.read_text())["best_val_loss"] == pytest.approx(single_loss, rel=1e-4)
+
+
+def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_good_state(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    study = load_study("tiny.yaml")
+    metrics, ckpt, scratch = _outputs(workdir)
+    _clear(workdir)
+    real_loss = train_mod.sequence_loss
+    calls = {"n": 0}
+
+    def poisoned(model, batch, label_smoothing=0.0, reduction="sum"):
+        loss, n = real_loss(model, batch, label_smoothing, reduction)
+        if model.training:
+            calls["n"] += 1
+            if calls["n"] == 8:  # after the state saved at step 5
+                loss = loss * float("nan")
+        return loss, n
+
+    monkeypatch.setattr(train_mod, "sequence_loss", poisoned)
+    with pytest.raises(StageError) as err:
+        train_mod.run(study, "reorder", "baseline", 0)
+    assert "non-finite training loss at step 8" in str(err.value) and "\n" not in str(err.value)
+    saved = torch.load(scratch / "state.pt", map_location="cpu", weights_only=False)
+    assert saved["state"]["step"] == 5
+    assert all(torch.isfinite(v).all() for v in saved["model"].values() if v.is_floating_point())
+    assert not metrics.exists() and not ckpt.exists()
+
+
+def test_gpu_slots_give_each_job_its_own_gpu(tmp_path):
+    code = ("import sys, time; from pipeline_src.gpu_slots import claim_gpu; "
+            "print(claim_gpu(n_gpus=2, wait_s=float(sys.argv[1]), poll_s=0.05), flush=True); time.sleep(float(sys.argv[2]))")
+    env = _env(PIPELINE_GPU_LOCK_DIR=str(tmp_path))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    holders = [subprocess.Popen([sys.executable, "-c", code, "5", "30"], env=env, stdout=subprocess.PIPE, text=True)
+               for _ in range(2)]
+    claimed = sorted(int(h.stdout.readline()) for h in holders)
+    assert claimed == [0, 1]
+    third = subprocess.run([sys.executable, "-c", code, "0.3", "0"], env=env, capture_output=True, text=True)
+    assert third.returncode != 0 and "no free GPU" in third.stderr
+    holders[0].kill()  # a killed job releases its GPU
+    holders[0].wait()
+    fourth = subprocess.run([sys.executable, "-c", code, "5", "0"], env=env, capture_output=True, text=True)
+    assert fourth.returncode == 0 and int(fourth.stdout) in (0, 1)
+    holders[1].kill()
+
+
+def test_schedules():
+    cfg = TrainConfig(lr=1.0, warmup_steps=100, schedule="inverse_sqrt", max_steps=1000)
+    assert train_mod.learning_rate(50, cfg) == pytest.approx(0.5)
+    assert train_mod.learning_rate(100, cfg) == pytest.approx(1.0)
+    assert train_mod.learning_rate(400, cfg) == pytest.approx(0.5)  # ∝ step^-0.5 after warm-up
+    cos = TrainConfig(lr=1.0, warmup_steps=0, schedule="cosine", max_steps=1000)
+    assert train_mod.learning_rate(500, cos) == pytest.approx(0.5, abs=2e-3)
+    assert train_mod.learning_rate(1000, cos) == pytest.approx(0.0, abs=1e-6)
+    assert math.isclose(train_mod.learning_rate(10, TrainConfig(lr=2.0, warmup_steps=0, schedule="constant")), 2.0)
