@@ -18,9 +18,9 @@ from .config import Study, lookup
 # (which an edited file does not change) while DVC hashes its content.
 _MODEL = "pipeline_src/model/*.py"
 CODE_PATTERNS = {
-    "download": ["pipeline_src/data/download.py", "pipeline_src/data/demo.py"],
-    "filter": ["pipeline_src/data/filter.py"],
-    "bpe": ["pipeline_src/bpe.py"],
+    "download": ["pipeline_src/data/__init__.py", "pipeline_src/data/download.py", "pipeline_src/data/demo.py"],
+    "filter": ["pipeline_src/data/__init__.py", "pipeline_src/data/filter.py"],
+    "bpe": ["pipeline_src/data/__init__.py", "pipeline_src/data/tokens.py", "pipeline_src/bpe.py"],
     "train": ["pipeline_src/train.py", _MODEL],
     "evaluate": ["pipeline_src/evaluate.py", "pipeline_src/metrics.py", _MODEL],
     "aggregate": ["pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],

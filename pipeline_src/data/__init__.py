@@ -1,0 +1,94 @@
+"""Data stages: download (Hub / offline mirror / demo generators), filter, and shared helpers.
+
+Helpers here are used by `download.py`, `filter.py` and `../bpe.py`: deterministic Parquet
+writing, file hashing, dotted field access into Arrow tables, and the one-line stage log.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+SPLITS = ("train", "validation", "test")
+# Splits with at least this many rows are processed with `datasets.map(num_proc=...)`.
+MULTIPROC_MIN_ROWS = 50_000
+
+
+def num_proc_for(n_rows: int) -> int | None:
+    """Worker processes for a batched `datasets.map` over n_rows (None = in-process)."""
+    if n_rows < MULTIPROC_MIN_ROWS:
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = min(cores, 8)
+    return n if n > 1 else None
+
+
+def log(stage: str, message: str) -> None:
+    """The one summary line a stage prints at the end (stderr, so stdout stays clean)."""
+    print(f"[{stage}] {message}", file=sys.stderr, flush=True)
+
+
+def quiet_datasets() -> None:
+    """Keep the `datasets` library to errors only; hide its bars when PIPELINE_QUIET=1."""
+    import datasets
+
+    datasets.logging.set_verbosity_error()
+    if os.environ.get("PIPELINE_QUIET") == "1":
+        datasets.disable_progress_bars()
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_parquet(table, path: str | Path) -> None:
+    """Byte-deterministic Parquet: one contiguous chunk, fixed codec, no schema metadata
+    (the Hugging Face features JSON is dropped; the Arrow schema itself is kept)."""
+    import pyarrow.parquet as pq
+
+    table = table.replace_schema_metadata(None).combine_chunks()
+    pq.write_table(table, str(path), compression="zstd", compression_level=3, use_dictionary=True,
+                   write_statistics=True, row_group_size=1 << 20)
+
+
+def read_parquet(path: str | Path):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(str(path))
+
+
+def field_column(table, dotted: str):
+    """The column a field mapping names: `en`, or `translation.en` reaching into a struct.
+    Raises KeyError(message) when any part of the path is absent."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    first, *rest = dotted.split(".")
+    if first not in table.column_names:
+        raise KeyError(f"no column {first!r} (columns: {', '.join(table.column_names) or 'none'})")
+    col = table.column(first)
+    for i, part in enumerate(rest):
+        names = [f.name for f in col.type] if pa.types.is_struct(col.type) else []
+        if part not in names:
+            where = ".".join([first, *rest[:i]])
+            raise KeyError(f"column {where!r} has no field {part!r} (it is {col.type})")
+        col = pc.struct_field(col, part)
+    return col
+
+
+def dataset_fields(ds) -> dict:
+    """The field mapping of a dataset: params `fields:`, over the generator's default schema."""
+    if ds.generator:
+        from .demo import GENERATOR_FIELDS
+
+        return {**GENERATOR_FIELDS[ds.generator], **dict(ds.fields)}
+    return dict(ds.fields)
+
+
+def needed_fields(kind: str) -> tuple[str, ...]:
+    return ("text",) if kind == "lm" else ("src", "tgt")

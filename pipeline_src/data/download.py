@@ -1,0 +1,224 @@
+"""Stage `download`: one dataset -> data/<study>/raw/<dataset>/{<split>.parquet, manifest.json}.
+
+Sources, in order of precedence:
+  1. `generator:` in the dataset's params -> rows made by pipeline_src/data/demo.py (no network);
+  2. a mirror directory (env PIPELINE_DATA_MIRROR, else params `mirror:`, relative to the
+     current directory) -> `<mirror>/<dataset>/<split>.jsonl.gz` read with
+     `datasets.load_dataset("json", data_files=...)`; the files hold the Hub's own row schema;
+  3. the Hugging Face Hub -> `datasets.load_dataset(hf_id, hf_config)`.
+There is no silent fallback from one source to another: a missing mirror file or an
+unreachable Hub is a one-line StageError that says how to provide the data.
+
+Rows are stored as they come (the Hub's schema); field mapping happens in `filter`. Every
+field the dataset's `fields:` mapping names is checked here, so a misnamed field or a row
+without it fails at the first stage, naming the file and row.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import time
+import zlib
+from pathlib import Path
+
+from ..common import StageError, atomic_dir, atomic_write_json, progress, provenance
+from ..config import ConfigError
+from ..stages import output_path
+from . import dataset_fields, field_column, log, quiet_datasets, sha256_file, write_parquet
+
+MIRROR_ENV = "PIPELINE_DATA_MIRROR"
+
+
+def mirror_dir(study) -> str | None:
+    """The mirror directory in force: the environment variable wins over params `mirror:`."""
+    env = os.environ.get(MIRROR_ENV)
+    if env:
+        return env
+    return study.mirror or None
+
+
+def _one_line(text) -> str:
+    return " ".join(str(text).split())[:300]
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _from_generator(ds) -> tuple[dict, str, dict]:
+    import pyarrow as pa
+
+    from .demo import generate
+
+    tables, info = {}, {}
+    for split in ds.splits:
+        n = int(ds.generator_rows.get(split, 0))
+        rows = generate(ds.generator, split, n, ds.generator_seed)
+        tables[split] = pa.Table.from_pylist(rows)
+        info[split] = {"source_split": split, "generator_seed": ds.generator_seed, "generator_rows": n}
+    return tables, f"generator:{ds.generator}", info
+
+
+def _scan_jsonl_gz(path: Path) -> str | None:
+    """Find the first problem in a .jsonl.gz file (called after a load failed, to name the row)."""
+    row = 0
+    try:
+        with gzip.open(path, "rb") as f:
+            for row, line in enumerate(f, 1):
+                try:
+                    text = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    return f"row {row}: not valid UTF-8 (byte {e.start} of the line)"
+                if not text.strip():
+                    continue
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as e:
+                    return f"row {row}: not valid JSON ({e.msg}, column {e.colno})"
+                if not isinstance(obj, dict):
+                    return f"row {row}: not a JSON object"
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
+        return f"truncated or corrupt gzip after row {row} ({type(e).__name__}: {_one_line(e)})"
+    if row == 0:
+        return "the split is empty (no rows)"
+    return None
+
+
+def _from_mirror(ds, study, mirror: str, cache: Path) -> tuple[dict, str, dict]:
+    import datasets
+
+    root = Path(mirror)
+    where = f"{MIRROR_ENV}={mirror}" if os.environ.get(MIRROR_ENV) else f"mirror: {mirror} in {study.path}"
+    if not root.is_dir():
+        raise StageError(f"download {ds.name}: mirror directory {mirror} does not exist ({where}); "
+                         f"point it at a directory holding <dataset>/<split>.jsonl.gz")
+    tables, info = {}, {}
+    for split in progress(list(ds.splits), desc=f"download {ds.name} (mirror)", unit="split"):
+        src_split = ds.splits[split]
+        path = root / ds.name / f"{src_split}.jsonl.gz"
+        if not path.is_file():
+            have = sorted(p.name for p in (root / ds.name).glob("*")) if (root / ds.name).is_dir() else []
+            raise StageError(
+                f"download {ds.name}: split {split}: file {path} not found in the mirror ({where}; "
+                f"{'it has ' + ', '.join(have) if have else 'no folder ' + ds.name + ' there'}); add the file, "
+                f"set {MIRROR_ENV} to another mirror, or disable the tasks using {ds.name} with `enabled: false`")
+        try:
+            loaded = datasets.load_dataset("json", data_files={split: str(path)}, cache_dir=str(cache))[split]
+            # Arrow's JSON reader can let invalid UTF-8 through into string columns: check.
+            loaded.data.table.validate(full=True)
+        except Exception as e:  # noqa: BLE001 - any failure becomes one line naming file and row
+            problem = _scan_jsonl_gz(path) or f"{type(e).__name__}: {_one_line(e)}"
+            raise StageError(f"download {ds.name}: split {split}: file {path}: {problem}") from None
+        tables[split] = loaded.data.table
+        info[split] = {"source_split": src_split, "source_file": str(path), "source_sha256": sha256_file(path)}
+    return tables, f"mirror:{mirror}", info
+
+
+def _hub_unreachable() -> str | None:
+    """A fast reachability check of the Hub (the datasets library retries for ~25 s when
+    offline). Skipped when a proxy or offline mode is configured: then the library decides."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy",
+                                        "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return None
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme != "http" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=5):
+            return None
+    except OSError as e:
+        return f"{host}:{port} is unreachable: {_one_line(e)}"
+
+
+def _from_hub(ds, study) -> tuple[dict, str, dict]:
+    label = ds.hf_id + (f"/{ds.hf_config}" if ds.hf_config else "")
+    how = (f"to use an offline copy set {MIRROR_ENV} (or `mirror:` in {study.path}) to a directory holding "
+           f"{ds.name}/<split>.jsonl.gz (or HF_HUB_OFFLINE=1 to use the Hugging Face cache), or disable the "
+           f"tasks using {ds.name} with `enabled: false`")
+    problem = _hub_unreachable()
+    if problem:
+        raise StageError(f"download {ds.name}: cannot load {label} from the Hugging Face Hub ({problem}); {how}")
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(ds.hf_id, ds.hf_config)
+    except Exception as e:  # noqa: BLE001 - offline, unknown id, gated...: all one line
+        raise StageError(f"download {ds.name}: cannot load {label} from the Hugging Face Hub "
+                         f"({type(e).__name__}: {_one_line(e)[:160]}); {how}") from None
+    tables, info = {}, {}
+    for split in ds.splits:
+        src_split = ds.splits[split]
+        if src_split not in loaded:
+            raise StageError(f"download {ds.name}: split {split}: the Hub dataset {label} has no split {src_split!r} "
+                             f"(it has {', '.join(loaded)}); fix datasets.{ds.name}.splits in {study.path}")
+        d = loaded[src_split]
+        tables[split] = d.data.table
+        files = [c["filename"] for c in d.cache_files]
+        info[split] = {"source_split": src_split,
+                       "source_file": ", ".join(os.path.basename(f) for f in files) or None,
+                       "source_sha256": ",".join(sha256_file(f) for f in files) or None,
+                       "fingerprint": getattr(d, "_fingerprint", None)}
+    return tables, f"hub:{label}", info
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _check(ds, study, split: str, table, origin: str) -> None:
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        raise StageError(f"download {ds.name}: split {split}: file {origin}: the split is empty (no rows)")
+    for role, dotted in dataset_fields(ds).items():
+        try:
+            col = field_column(table, dotted)
+        except KeyError as e:
+            raise StageError(f"download {ds.name}: split {split}: file {origin}: field {role}={dotted!r} not found: "
+                             f"{e.args[0]}; fix datasets.{ds.name}.fields.{role} in {study.path}") from None
+        if col.null_count:
+            row = pc.index(pc.is_null(col), True).as_py() + 1
+            raise StageError(f"download {ds.name}: split {split}: file {origin}: row {row}: "
+                             f"field {dotted!r} is missing or null")
+
+
+# --------------------------------------------------------------------------- stage
+
+
+def run(study, dataset: str) -> None:
+    t0 = time.time()
+    if dataset not in study.datasets:
+        raise ConfigError(f"{study.path}: datasets.{dataset}: unknown dataset "
+                          f"(known: {', '.join(study.datasets)})")
+    ds = study.datasets[dataset]
+    out = Path(output_path("download", "raw", study=study.name, dataset=dataset))
+    quiet_datasets()
+    with atomic_dir(out) as tmp:
+        cache = tmp / ".hf_cache"
+        mirror = None if ds.generator else mirror_dir(study)
+        if ds.generator:
+            tables, source, info = _from_generator(ds)
+        elif mirror:
+            tables, source, info = _from_mirror(ds, study, mirror, cache)
+        else:
+            tables, source, info = _from_hub(ds, study)
+        splits = {}
+        for split, table in tables.items():
+            _check(ds, study, split, table, info[split].get("source_file") or source)
+            path = tmp / f"{split}.parquet"
+            write_parquet(table, path)
+            splits[split] = {"rows": table.num_rows, "file": path.name, "sha256": sha256_file(path), **info[split]}
+        columns = {name: str(tables[next(iter(tables))].schema.field(name).type)
+                   for name in tables[next(iter(tables))].column_names}
+        del tables
+        shutil.rmtree(cache, ignore_errors=True)
+        manifest = {
+            "dataset": dataset, "kind": ds.kind, "source": source, "hf_id": ds.hf_id, "hf_config": ds.hf_config,
+            "fields": dataset_fields(ds), "text_format": ds.text_format, "columns": columns, "splits": splits,
+            "provenance": provenance(study, stage="download", dataset=dataset),
+        }
+        atomic_write_json(tmp / "manifest.json", manifest)
+    rows = ", ".join(f"{s} {v['rows']}" for s, v in splits.items())
+    log("download", f"{dataset}: {source}: {rows} rows in {time.time() - t0:.1f} s -> {out}")

@@ -1,0 +1,562 @@
+"""Data stages: download (mirror / generator / Hub errors), filter, SentencePiece BPE, tokens.
+
+Every test builds a tiny mirror (<mirror>/<dataset>/<split>.jsonl.gz) and params file in
+tmp_path and runs the stages in-process with tmp_path as the working directory (stage outputs
+go to data/<study>/... relative to it).
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from pipeline_src import bpe
+from pipeline_src.common import StageError
+from pipeline_src.config import ConfigError, load_study
+from pipeline_src.data import demo, download
+from pipeline_src.data import filter as filt
+from pipeline_src.data.tokens import BOS, EOS, PAD, UNK, load_index, load_sequences, load_spm
+
+REPO = Path(__file__).resolve().parent.parent
+WORDS = ("the a big small red dog cat sees likes runs fast old new house tree river bird fish "
+         "green blue one two sun moon star sky").split()
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch):
+    monkeypatch.setenv("PIPELINE_QUIET", "1")
+    monkeypatch.delenv("PIPELINE_DATA_MIRROR", raising=False)
+
+
+def toy_pairs(n: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        k = int(rng.integers(3, 9))
+        src = [WORDS[int(i)] for i in rng.integers(0, len(WORDS), k)]
+        tgt = [w[::-1] for w in reversed(src)]
+        rows.append({"en": " ".join(src), "de": " ".join(tgt)})
+    return rows
+
+
+def write_jsonl_gz(path: Path, rows=None, data: bytes | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if data is None:
+        data = "".join(json.dumps(r) + "\n" for r in rows).encode()
+    path.write_bytes(gzip.compress(data, mtime=0))
+    return path
+
+
+def write_mirror(root: Path, name: str, splits: dict) -> Path:
+    for split, rows in splits.items():
+        write_jsonl_gz(root / name / f"{split}.jsonl.gz", rows)
+    return root
+
+
+def make_study(tmp: Path, datasets: dict, tasks: dict, name: str = "toy", mirror="mirror"):
+    raw = {"study": name, "mirror": mirror, "seeds": [0], "datasets": datasets, "tasks": tasks,
+           "cells": {"baseline": {"family": "baseline"}}}
+    for t in tasks.values():
+        t.setdefault("cells", ["baseline"])
+        if t["kind"] == "lm":
+            t.setdefault("model", {"arch": "decoder_only"})
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return load_study(path)
+
+
+def toy_study(tmp: Path, filter_cfg=None, bpe_cfg=None, fields=None, name="toy"):
+    return make_study(
+        tmp, {"toy": {"kind": "translation", "hf_id": "x/toy", "fields": fields or {"src": "en", "tgt": "de"}}},
+        {"toy_mt": {"kind": "translation", "dataset": "toy", "filter": filter_cfg or {},
+                    "bpe": bpe_cfg or {"vocab_size": 60}}}, name=name)
+
+
+def standard_mirror(tmp: Path) -> None:
+    write_mirror(tmp / "mirror", "toy", {"train": toy_pairs(300, 0), "validation": toy_pairs(30, 1),
+                                         "test": toy_pairs(30, 2)})
+
+
+def no_temp_left(tmp: Path) -> bool:
+    return not [p for p in (tmp / "data").rglob("*") if p.name.endswith(".tmp")] if (tmp / "data").exists() else True
+
+
+def one_line(err) -> str:
+    msg = str(err.value)
+    assert "\n" not in msg, msg
+    return msg
+
+
+def tree_bytes(root: Path, skip=()) -> dict:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name not in skip}
+
+
+@contextlib.contextmanager
+def cwd(path: Path):
+    old = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+# --------------------------------------------------------------------------- pipeline on a toy mirror
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    """download + filter + bpe of the toy dataset, run once for several tests."""
+    tmp = tmp_path_factory.mktemp("toy")
+    standard_mirror(tmp)
+    with cwd(tmp):
+        os.environ["PIPELINE_QUIET"] = "1"
+        study = toy_study(tmp, filter_cfg={"max_src_len": 7}, bpe_cfg={"vocab_size": 60, "max_src_tokens": 30})
+        download.run(study, "toy")
+        filt.run(study, "toy_mt")
+        bpe.run(study, "toy_mt")
+    return tmp, study
+
+
+def test_pipeline_outputs_and_manifest(toy_run):
+    tmp, _ = toy_run
+    raw = tmp / "data/toy/raw/toy"
+    manifest = json.loads((raw / "manifest.json").read_text())
+    assert manifest["source"] == "mirror:mirror"
+    assert {s: v["rows"] for s, v in manifest["splits"].items()} == {"train": 300, "validation": 30, "test": 30}
+    src_file = tmp / "mirror/toy/train.jsonl.gz"
+    assert manifest["splits"]["train"]["source_sha256"] == hashlib.sha256(src_file.read_bytes()).hexdigest()
+    assert manifest["splits"]["train"]["sha256"] == hashlib.sha256((raw / "train.parquet").read_bytes()).hexdigest()
+    assert pq.read_table(raw / "train.parquet").column_names == ["en", "de"]  # the Hub's own schema
+    assert "datasets" in manifest["provenance"]["versions"]
+    filtered = tmp / "data/toy/filtered/toy_mt"
+    assert pq.read_table(filtered / "train.parquet").column_names == ["src", "tgt"]
+    stats = json.loads((tmp / "data/toy/bpe/toy_mt/stats.json").read_text())
+    assert stats["vocab_size"] == 60 and stats["mb_per_s"] > 0
+    assert set(stats["tokens"]) == {"train", "validation", "test"}
+    assert no_temp_left(tmp)
+
+
+def test_ids_offsets_round_trip(toy_run):
+    tmp, _ = toy_run
+    bpe_dir = tmp / "data/toy/bpe/toy_mt"
+    sp = load_spm(bpe_dir)
+    assert [sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()] == [PAD, UNK, BOS, EOS] == [0, 1, 2, 3]
+    for split in ("train", "validation", "test"):
+        frame = pq.read_table(tmp / f"data/toy/filtered/toy_mt/{split}.parquet").to_pandas()
+        index = load_index(bpe_dir, split)
+        for side in ("src", "tgt"):
+            ids = np.load(bpe_dir / f"{split}.{side}.ids.npy")
+            offsets = np.load(bpe_dir / f"{split}.{side}.offsets.npy")
+            assert ids.dtype == np.int32 and offsets.dtype == np.int64
+            assert len(offsets) == len(index) + 1 and offsets[0] == 0 and offsets[-1] == len(ids)
+            assert not np.isin(ids, [PAD, BOS, EOS]).any()  # trainers add BOS/EOS
+            seqs = load_sequences(bpe_dir, split, side)
+            assert len(seqs) == len(index)
+            for i, seq in zip(index, seqs):
+                assert sp.decode(seq.tolist()) == frame[side][i]
+
+
+def test_determinism(toy_run, tmp_path):
+    """download + filter + bpe again from scratch elsewhere -> identical bytes."""
+    first, _ = toy_run
+    standard_mirror(tmp_path)
+    with cwd(tmp_path):
+        study = toy_study(tmp_path, filter_cfg={"max_src_len": 7}, bpe_cfg={"vocab_size": 60, "max_src_tokens": 30})
+        download.run(study, "toy")
+        filt.run(study, "toy_mt")
+        bpe.run(study, "toy_mt")
+    skip = ("stats.json", "manifest.json")  # provenance names the params path; bpe stats hold MB/s
+    a, b = tree_bytes(first / "data/toy", skip), tree_bytes(tmp_path / "data/toy", skip)
+    assert a == b and any(k.endswith("spm.model") for k in a) and any(k.endswith(".ids.npy") for k in a)
+    sa = json.loads((first / "data/toy/bpe/toy_mt/stats.json").read_text())
+    sb = json.loads((tmp_path / "data/toy/bpe/toy_mt/stats.json").read_text())
+    for key in ("tokens", "sequences", "dropped", "vocab_size"):
+        assert sa[key] == sb[key]
+
+
+def test_multiprocess_matches_single_process(toy_run, tmp_path, monkeypatch):
+    """The batched multi-process path (used from 50k rows) gives the same bytes in the same order."""
+    import pipeline_src.data as data_pkg
+
+    first, _ = toy_run
+    monkeypatch.setattr(data_pkg, "MULTIPROC_MIN_ROWS", 100)
+    monkeypatch.setattr(data_pkg, "num_proc_for", lambda n: 2 if n >= 100 else None)
+    monkeypatch.setattr(filt, "num_proc_for", data_pkg.num_proc_for)
+    monkeypatch.setattr(bpe, "num_proc_for", data_pkg.num_proc_for)
+    standard_mirror(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, filter_cfg={"max_src_len": 7}, bpe_cfg={"vocab_size": 60, "max_src_tokens": 30})
+    download.run(study, "toy")
+    filt.run(study, "toy_mt")
+    bpe.run(study, "toy_mt")
+    skip = ("stats.json", "manifest.json")
+    assert tree_bytes(first / "data/toy", skip) == tree_bytes(tmp_path / "data/toy", skip)
+
+
+def test_token_cut_keeps_references_aligned(tmp_path, monkeypatch):
+    standard_mirror(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, bpe_cfg={"vocab_size": 60, "max_src_tokens": 12})
+    download.run(study, "toy")
+    filt.run(study, "toy_mt")
+    bpe.run(study, "toy_mt")
+    bpe_dir = tmp_path / "data/toy/bpe/toy_mt"
+    stats = json.loads((bpe_dir / "stats.json").read_text())
+    (cut,) = stats["dropped"]
+    assert cut["rule"] == "max_src_tokens" and cut["split"] == "train" and 0 < cut["after"] < cut["before"]
+    index = load_index(bpe_dir, "train")
+    assert len(index) == cut["after"] == stats["sequences"]["train"]
+    assert len(load_index(bpe_dir, "test")) == 30  # only train is cut
+    sp = load_spm(bpe_dir)
+    frame = pq.read_table(tmp_path / "data/toy/filtered/toy_mt/train.parquet").to_pandas()
+    for i, s, t in zip(index, load_sequences(bpe_dir, "train", "src"), load_sequences(bpe_dir, "train", "tgt")):
+        assert len(s) <= 12
+        assert sp.decode(s.tolist()) == frame.src[i] and sp.decode(t.tolist()) == frame.tgt[i]
+
+
+def test_vocab_too_large_is_one_line(tmp_path, monkeypatch):
+    standard_mirror(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, bpe_cfg={"vocab_size": 5000})
+    download.run(study, "toy")
+    filt.run(study, "toy_mt")
+    with pytest.raises(StageError) as err:
+        bpe.run(study, "toy_mt")
+    assert "tasks.toy_mt.bpe.vocab_size" in one_line(err)
+    assert not (tmp_path / "data/toy/bpe/toy_mt").exists() and no_temp_left(tmp_path)
+
+
+def test_spm_literal_unk_in_text_round_trips():
+    """PTB writes unknown words as the literal "<unk>"; it must survive BPE (no UNK ids)."""
+    import sentencepiece as spm
+
+    texts = [f"the {w} <unk> sold N shares" for w in WORDS] * 5
+    model, stats = bpe.train_spm(texts, vocab_size=60, character_coverage=1.0, max_sentences=1000)
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    ids = sp.encode("the dog <unk> sold N shares")
+    assert UNK not in ids and sp.decode(ids) == "the dog <unk> sold N shares"
+    assert stats["bytes"] == sum(len(t) for t in texts)
+    again, _ = bpe.train_spm(texts, vocab_size=60, character_coverage=1.0, max_sentences=1000)
+    assert again == model
+
+
+def test_training_sentence_cap_is_deterministic():
+    texts = [" ".join(WORDS[i % len(WORDS)] + WORDS[(i * 7) % len(WORDS)] for _ in range(3)) for i in range(400)]
+    a, sa = bpe.train_spm(texts, vocab_size=80, character_coverage=1.0, max_sentences=100)
+    b, sb = bpe.train_spm(texts, vocab_size=80, character_coverage=1.0, max_sentences=100)
+    assert a == b and sa["texts_used"] == 100 and sa["texts"] == 400
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _bad_mirror(tmp: Path, case: str) -> dict:
+    """Write a mirror with one defect; return what the error must name."""
+    good = toy_pairs(20, 0)
+    lines = [json.dumps(r) for r in good]
+    root = tmp / "mirror" / "toy"
+    write_jsonl_gz(root / "validation.jsonl.gz", toy_pairs(5, 1))
+    write_jsonl_gz(root / "test.jsonl.gz", toy_pairs(5, 2))
+    data = ("\n".join(lines) + "\n").encode()
+    expect = {"split": "train", "file": "train.jsonl.gz"}
+    if case == "truncated_gzip":
+        (root / "train.jsonl.gz").write_bytes(gzip.compress(data, mtime=0)[:-25])
+        expect["what"] = "truncated"
+    elif case == "non_utf8":
+        lines[3] = lines[3].replace(good[3]["en"].split()[0], "caf\udcff", 1)
+        data = ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+        write_jsonl_gz(root / "train.jsonl.gz", data=data)
+        expect.update(what="UTF-8", row="row 4")
+    elif case == "missing_field":
+        lines[6] = json.dumps({"en": good[6]["en"]})
+        write_jsonl_gz(root / "train.jsonl.gz", data=("\n".join(lines) + "\n").encode())
+        expect.update(what="'de'", row="row 7")
+    elif case == "misnamed_field":
+        write_jsonl_gz(root / "train.jsonl.gz", data=data)
+        expect.update(what="'german'")
+    elif case == "empty_split":
+        write_jsonl_gz(root / "train.jsonl.gz", data=data)
+        write_jsonl_gz(root / "test.jsonl.gz", data=b"")
+        expect.update(split="test", file="test.jsonl.gz", what="empty")
+    elif case == "bad_json":
+        lines[2] = lines[2][:-3]
+        write_jsonl_gz(root / "train.jsonl.gz", data=("\n".join(lines) + "\n").encode())
+        expect.update(what="JSON", row="row 3")
+    elif case == "missing_file":
+        expect.update(what="not found")
+    return expect
+
+
+@pytest.mark.parametrize("case", ["truncated_gzip", "non_utf8", "missing_field", "misnamed_field", "empty_split",
+                                  "bad_json", "missing_file"])
+def test_download_bad_input(case, tmp_path, monkeypatch):
+    expect = _bad_mirror(tmp_path, case)
+    monkeypatch.chdir(tmp_path)
+    fields = {"src": "en", "tgt": "german"} if case == "misnamed_field" else None
+    study = toy_study(tmp_path, fields=fields)
+    with pytest.raises(StageError) as err:
+        download.run(study, "toy")
+    msg = one_line(err)
+    assert "toy" in msg and f"split {expect['split']}" in msg and expect["file"] in msg, msg
+    assert expect["what"] in msg, msg
+    if "row" in expect:
+        assert expect["row"] in msg, msg
+    assert not (tmp_path / "data/toy/raw/toy").exists() and no_temp_left(tmp_path)
+
+
+def test_unknown_dataset_and_task(tmp_path, monkeypatch):
+    standard_mirror(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path)
+    with pytest.raises(ConfigError) as err:
+        download.run(study, "nope")
+    assert "datasets.nope" in one_line(err) and "toy" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        filt.run(study, "nope")
+    assert "tasks.nope" in one_line(err)
+    assert not (tmp_path / "data").exists() or no_temp_left(tmp_path)
+
+
+def test_filter_removing_every_row(tmp_path, monkeypatch):
+    standard_mirror(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, filter_cfg={"min_src_len": 50})
+    download.run(study, "toy")
+    with pytest.raises(StageError) as err:
+        filt.run(study, "toy_mt")
+    msg = one_line(err)
+    for part in ("toy_mt", "dataset toy", "split train", "min_src_len", "train.parquet"):
+        assert part in msg, msg
+    assert not (tmp_path / "data/toy/filtered/toy_mt").exists() and no_temp_left(tmp_path)
+
+
+def test_hub_unreachable_without_mirror(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(download, "_hub_unreachable", lambda: "huggingface.co:443 is unreachable (test)")
+    study = make_study(tmp_path, {"toy": {"kind": "translation", "hf_id": "x/toy", "fields": {"src": "en", "tgt": "de"}}},
+                       {"toy_mt": {"kind": "translation", "dataset": "toy"}}, mirror=None)
+    with pytest.raises(StageError) as err:
+        download.run(study, "toy")
+    msg = one_line(err)
+    for part in ("download toy", "x/toy", "PIPELINE_DATA_MIRROR", "mirror:", "enabled: false"):
+        assert part in msg, msg
+    assert not (tmp_path / "data/toy/raw/toy").exists() and no_temp_left(tmp_path)
+
+
+def test_mirror_env_wins(tmp_path, monkeypatch):
+    standard_mirror(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PIPELINE_DATA_MIRROR", str(tmp_path / "mirror"))
+    study = make_study(tmp_path, {"toy": {"kind": "translation", "hf_id": "x/toy", "fields": {"src": "en", "tgt": "de"}}},
+                       {"toy_mt": {"kind": "translation", "dataset": "toy"}}, mirror="does/not/exist")
+    download.run(study, "toy")
+    manifest = json.loads((tmp_path / "data/toy/raw/toy/manifest.json").read_text())
+    assert manifest["source"] == f"mirror:{tmp_path / 'mirror'}"
+
+
+def test_cli_exit_codes(tmp_path):
+    """Run as `python -m pipeline_src`: ConfigError -> 2, StageError -> 1, one `error:` line."""
+    _bad_mirror(tmp_path, "truncated_gzip")
+    toy_study(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_QUIET": "1"}
+    env.pop("PIPELINE_DATA_MIRROR", None)
+    for dataset, code in (("nope", 2), ("toy", 1)):
+        proc = subprocess.run([sys.executable, "-m", "pipeline_src", "download", "--params", "toy.yaml",
+                               "--dataset", dataset], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == code, proc.stderr
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and dataset in errors[0], proc.stderr
+    assert not (tmp_path / "data/toy/raw/toy").exists() and no_temp_left(tmp_path)
+
+
+# --------------------------------------------------------------------------- filter rules
+
+
+def test_filter_rule_counts(tmp_path, monkeypatch):
+    train = [("a b c", "x y z"),            # kept
+             ("", "x"),                      # drop_empty
+             ("a b c d e f", "x y z w v u"),  # max_src_len (5)
+             ("a", "x y"),                   # max_ratio (2 > 1.5)
+             ("a b c", "x y z"),            # dedup
+             ("a b", "x y"),                # kept
+             ("a b c d", "x y z w u"),      # max_tgt_len (4)
+             ("p q", "r s")]                # kept
+    validation = [("a b c d e f g h", "x"), ("", "x"), ("k", "l")]  # only drop_empty applies here
+    rows = {"train": [{"en": s, "de": t} for s, t in train],
+            "validation": [{"en": s, "de": t} for s, t in validation],
+            "test": [{"en": "a", "de": "b"}]}
+    write_mirror(tmp_path / "mirror", "toy", rows)
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, filter_cfg={"max_src_len": 5, "max_tgt_len": 4, "max_ratio": 1.5})
+    download.run(study, "toy")
+    filt.run(study, "toy_mt")
+    out = tmp_path / "data/toy/filtered/toy_mt"
+    stats = json.loads((out / "stats.json").read_text())
+    got = [(r["split"], r["rule"], r["before"], r["after"]) for r in stats["rules"]]
+    assert got == [("train", "drop_empty", 8, 7), ("train", "min_src_len", 7, 7), ("train", "max_src_len", 7, 6),
+                   ("train", "min_tgt_len", 6, 6), ("train", "max_tgt_len", 6, 5), ("train", "max_ratio", 5, 4),
+                   ("train", "dedup", 4, 3), ("validation", "drop_empty", 3, 2), ("test", "drop_empty", 1, 1)]
+    assert stats["rows"] == {"train": 3, "validation": 2, "test": 1}
+    assert pq.read_table(out / "train.parquet").to_pydict() == {"src": ["a b c", "a b", "p q"],
+                                                                "tgt": ["x y z", "x y", "r s"]}
+
+
+def test_sampling_and_splits_to_filter(tmp_path, monkeypatch):
+    rows = {s: [{"en": f"w{i} {s}", "de": f"v{i}"} for i in range(n)] for s, n in
+            (("train", 100), ("validation", 50), ("test", 40))}
+    write_mirror(tmp_path / "mirror", "toy", rows)
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, filter_cfg={"sample_fraction": 0.5, "sample_size": 30, "sample_seed": 3,
+                                            "splits_to_filter": ["train", "test"]})
+    download.run(study, "toy")
+    filt.run(study, "toy_mt")
+    out = tmp_path / "data/toy/filtered/toy_mt"
+    first = {s: pq.read_table(out / f"{s}.parquet").column("src").to_pylist() for s in ("train", "validation", "test")}
+    stats = json.loads((out / "stats.json").read_text())
+    got = {(r["split"], r["rule"]): (r["before"], r["after"]) for r in stats["rules"]}
+    assert got[("train", "sample_fraction")] == (100, 50) and got[("train", "sample_size")] == (50, 30)
+    assert got[("test", "sample_fraction")] == (40, 20) and got[("test", "sample_size")] == (20, 20)
+    assert ("validation", "sample_size") not in got and len(first["validation"]) == 50
+    order = [int(x.split()[0][1:]) for x in first["train"]]
+    assert order == sorted(order)  # corpus order kept
+    filt.run(study, "toy_mt")
+    assert pq.read_table(out / "train.parquet").column("src").to_pylist() == first["train"]
+
+
+def test_nested_fields_and_ids(tmp_path, monkeypatch):
+    """IWSLT-style rows {"translation": {"de", "en"}} and a kept `id` column."""
+    rows = {s: [{"id": f"{s}{i}", "translation": {"de": f"hallo {i}", "en": f"hello {i}"}} for i in range(5)]
+            for s in ("train", "validation", "test")}
+    write_mirror(tmp_path / "mirror", "toy", rows)
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, fields={"src": "translation.en", "tgt": "translation.de", "id": "id"})
+    download.run(study, "toy")
+    filt.run(study, "toy_mt")
+    table = pq.read_table(tmp_path / "data/toy/filtered/toy_mt/test.parquet")
+    assert table.to_pydict() == {"src": [f"hello {i}" for i in range(5)], "tgt": [f"hallo {i}" for i in range(5)],
+                                 "id": [f"test{i}" for i in range(5)]}
+
+
+def test_nested_field_misnamed(tmp_path, monkeypatch):
+    rows = {s: [{"translation": {"de": "hallo", "en": "hello"}}] for s in ("train", "validation", "test")}
+    write_mirror(tmp_path / "mirror", "toy", rows)
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, fields={"src": "translation.en", "tgt": "translation.fr"})
+    with pytest.raises(StageError) as err:
+        download.run(study, "toy")
+    msg = one_line(err)
+    assert "translation.fr" in msg and "split train" in msg and "train.jsonl.gz" in msg
+
+
+def _lm_study(tmp: Path, text_format: str, rows: dict, filter_cfg=None):
+    write_mirror(tmp / "mirror", "wiki", rows)
+    return make_study(tmp, {"wiki": {"kind": "lm", "hf_id": "x/wiki", "fields": {"text": "text"},
+                                     "text_format": text_format}},
+                      {"wiki_lm": {"kind": "lm", "dataset": "wiki", "filter": filter_cfg or {"dedup": False},
+                                   "bpe": {"vocab_size": 40}}})
+
+
+def test_wikitext_headings_and_blank_lines(tmp_path, monkeypatch):
+    wiki = ["", " = Valkyria Chronicles III = \n", "", " Senjo no Valkyria 3 is a game . \n", "",
+            " = = Gameplay = = \n", "", " As with previous games , it is fun . \n", " = = = Plot = = = \n"]
+    rows = {s: [{"text": x} for x in wiki] for s in ("train", "validation", "test")}
+    monkeypatch.chdir(tmp_path)
+    study = _lm_study(tmp_path, "wikitext", rows)
+    download.run(study, "wiki")
+    filt.run(study, "wiki_lm")
+    out = tmp_path / "data/toy/filtered/wiki_lm"
+    assert pq.read_table(out / "test.parquet").to_pydict() == {
+        "text": ["Senjo no Valkyria 3 is a game .", "As with previous games , it is fun ."]}
+    stats = json.loads((out / "stats.json").read_text())
+    got = [(r["rule"], r["before"], r["after"]) for r in stats["rules"] if r["split"] == "test"]
+    assert got == [("split_lines", 9, 9), ("wikitext_blank_lines", 9, 5), ("wikitext_headings", 5, 2)]
+    bpe.run(study, "wiki_lm")
+    bstats = json.loads((tmp_path / "data/toy/bpe/wiki_lm/stats.json").read_text())
+    assert bstats["words"]["test"] == 8 + 9 + 2  # whitespace words + one end of line per line
+    assert "tgt" not in bstats["tokens"]["test"] and bstats["tokens"]["test"]["text"] > 0
+
+
+def test_lm_plain_splits_lines(tmp_path, monkeypatch):
+    rows = {s: [{"text": "a b c\nd e\n\nf"}, {"text": "  "}, {"text": "g h"}] for s in ("train", "validation", "test")}
+    monkeypatch.chdir(tmp_path)
+    study = _lm_study(tmp_path, "plain", rows)
+    download.run(study, "wiki")
+    filt.run(study, "wiki_lm")
+    out = tmp_path / "data/toy/filtered/wiki_lm"
+    assert pq.read_table(out / "train.parquet").column("text").to_pylist() == ["a b c", "d e", "f", "g h"]
+    stats = json.loads((out / "stats.json").read_text())
+    got = [(r["rule"], r["before"], r["after"]) for r in stats["rules"] if r["split"] == "validation"]
+    assert got == [("split_lines", 3, 6), ("drop_empty", 6, 4)]
+
+
+# --------------------------------------------------------------------------- demo generators
+
+
+def test_demo_generators_deterministic():
+    for gen in ("reorder", "digest", "grammar"):
+        a = demo.generate(gen, "train", 50, 7)
+        assert a == demo.generate(gen, "train", 50, 7)
+        assert a != demo.generate(gen, "train", 50, 8)
+        assert a != demo.generate(gen, "validation", 50, 7)
+        assert set(a[0]) == set(demo.GENERATOR_FIELDS[gen].values())
+
+
+def test_demo_reorder_needs_reordering():
+    rows = demo.generate("reorder", "train", 500, 1)
+    reordered = sum(demo.word_by_word(r["src"]) != r["tgt"] for r in rows)
+    assert reordered > 0.9 * len(rows)
+    # same words, other order: the target is a permutation of the word-by-word translation
+    assert all(sorted(demo.word_by_word(r["src"]).split()) == sorted(r["tgt"].split()) for r in rows)
+    assert all(3 <= len(r["src"].split()) <= 9 for r in rows)
+
+
+def test_demo_digest_and_grammar_shapes():
+    for r in demo.generate("digest", "test", 100, 2):
+        sentences = r["article"].split(" . ")
+        assert 4 <= len(sentences) <= 8 and r["article"].endswith(" .")
+        highlights = r["highlights"].split("\n")
+        assert len(highlights) == 2 and all(h.endswith(" .") for h in highlights)
+        assert r["article"].count(demo.MARKER) == 2
+    rows = demo.generate("grammar", "train", 1000, 3)
+    assert all(4 <= len(r["sentence"].split()) <= 20 and r["sentence"] == r["sentence"].lower() for r in rows)
+    vocab = {w for r in rows for w in r["sentence"].split()}
+    assert vocab <= demo.grammar_vocabulary() and 150 <= len(demo.grammar_vocabulary()) <= 250
+
+
+def test_demo_download_uses_generator(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    study = make_study(tmp_path, {"g": {"kind": "lm", "generator": "grammar", "generator_seed": 3,
+                                        "generator_rows": {"train": 200, "validation": 20, "test": 20}}},
+                       {"g_lm": {"kind": "lm", "dataset": "g", "bpe": {"vocab_size": 100}}}, mirror=None)
+    download.run(study, "g")
+    raw = tmp_path / "data/toy/raw/g"
+    assert json.loads((raw / "manifest.json").read_text())["source"] == "generator:grammar"
+    assert pq.read_table(raw / "train.parquet").to_pylist() == demo.generate("grammar", "train", 200, 3)
+    filt.run(study, "g_lm")
+    bpe.run(study, "g_lm")
+    sp = load_spm(tmp_path / "data/toy/bpe/g_lm")
+    text = pq.read_table(tmp_path / "data/toy/filtered/g_lm/validation.parquet").column("text").to_pylist()
+    seqs = load_sequences(tmp_path / "data/toy/bpe/g_lm", "validation", "text")
+    assert [sp.decode(s.tolist()) for s in seqs] == text
+
+
+def test_study_params_files_are_valid():
+    for path in ("params.yaml", "workflow/studies/demo/params.yaml", "workflow/studies/mirror/params.yaml"):
+        study = load_study(REPO / path)
+        for task in study.tasks.values():
+            assert task.dataset in study.datasets
+    mirror = load_study(REPO / "workflow/studies/mirror/params.yaml")
+    assert mirror.name == "mirror" and mirror.mirror == "../shared/datasets"
+    assert all(t.cells == ("baseline", "pe_none") for t in mirror.tasks.values())
