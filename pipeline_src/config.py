@@ -309,6 +309,9 @@ def load_study(path: str | Path) -> Study:
     if not tasks:
         raise ConfigError(f"{where}: tasks: every task is disabled (enabled: false); nothing to run")
 
+    sample_task = (raw.get("report") or {}).get("attention_sample_task")
+    if sample_task is not None and sample_task not in tasks:
+        raise ConfigError(f"{where}: report.attention_sample_task: {sample_task!r} is not an enabled task")
     study = Study(
         path=where, name=raw["study"], raw=raw, mirror=raw.get("mirror"), device=raw.get("device", "auto"),
         seeds=tuple(raw["seeds"]), datasets=datasets, tasks=tasks, cells=cells, report=raw.get("report", {}))

@@ -152,14 +152,17 @@ def build_jobs(study: Study) -> list[Job]:
     eval_files = [j.out(n) for j in eval_jobs for n in ("outputs", "metrics")]
     agg = _job(study, "aggregate", s, wc, filtered_all + run_files + eval_files, ["tasks", "cells", "seeds"], {})
     logs = [j.out("log") for j in train_jobs]
-    first_ckpt = [j.out("ckpt") for j in train_jobs[:1]]
     bpe_all = [output_path("bpe", "bpe", study=s, task=t) for t in study.tasks]
-    figs = _job(study, "figures", s, wc, list(agg.outs.values()) + logs + first_ckpt + bpe_all[:1],
-                _existing(study, "report"), {})
+    # The attention heat map reads one checkpoint: the first cell and seed of the chosen task.
+    attention_task = study.report.get("attention_sample_task") or next(iter(study.tasks))
+    first = next(j for j in train_jobs if j.wildcards["task"] == attention_task)
+    figs = _job(study, "figures", s, wc, list(agg.outs.values()) + logs + [first.out("ckpt")]
+                + [output_path("bpe", "bpe", study=s, task=attention_task)], _existing(study, "report"), {})
     tabs = _job(study, "tables", s, wc, list(agg.outs.values()) + filtered_all + bpe_all,
                 ["tasks", "cells", "datasets"], {})
     report = _job(study, "report", s, wc, [figs.out("figures"), tabs.out("tables")] + list(agg.outs.values())
-                  + [j.out("outputs") for j in eval_jobs], _existing(study, "report", "study"), {})
+                  + [j.out(n) for j in eval_jobs for n in ("outputs", "metrics")],
+                  _existing(study, "report", "study"), {})
     jobs += [agg, figs, tabs, report]
     return jobs
 

@@ -369,7 +369,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     atomic_write_json(out["cost"], {
         "wall_s": wall, "tokens_per_s": tokens_per_s, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
-        "peak_mem_mb": _memory_mb(device, peak=True), "precision": _precision_name(device, t.precision),
+        "cpu_count": os.cpu_count(), "peak_mem_mb": _memory_mb(device, peak=True), "precision": _precision_name(device, t.precision),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
         "resumed_from_step": resumed_from})
     shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,293 @@
+"""Aggregate stage: every task x cell x seed run into three tables.
+
+reports/<study>/results.csv       one row per task x cell x seed: identity, every evaluation
+                                  metric, model size, training outcome and cost.
+reports/<study>/summary.csv       per task x cell: <col>_mean and <col>_std over seeds (sample
+                                  standard deviation, ddof=1; empty with a single seed), n_seeds.
+reports/<study>/significance.csv  every cell against its task's baseline cell
+                                  (tasks.<T>.baseline_cell), paired on the same test examples:
+                                    translation    BLEU: sacrebleu's paired bootstrap on hyps/refs
+                                    summarization  ROUGE-1/2/Lsum: paired bootstrap of per-example F1
+                                    every task     test PPL (per BPE token; LM also per word): paired
+                                                   bootstrap of corpus PPL from per-sequence NLL sums
+                                  One row per seed (cell seed s against baseline seed s) and one
+                                  "pooled" row per cell and metric, where the resampling unit is a
+                                  (seed, test example) pair: all seeds' outputs are concatenated,
+                                  each still paired with the baseline output of the same seed and
+                                  example. Tables mark significance with the pooled p-value. All
+                                  tests are two-sided (metrics.py documents them); alpha 0.05.
+                                  Cells that leak the future are tested too, flagged leaks_future.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .. import metrics
+from ..common import StageError, atomic_write_text
+from . import (ALPHA, BOOTSTRAP_SEED, METRIC_ORDER, TESTED_METRICS, higher_is_better, read_json, report_paths,
+               require, run_paths)
+
+ID_COLUMNS = ["task", "kind", "cell", "family", "label", "seed", "leaks_future"]
+TRAIN_COLUMNS = ["n_params", "flops_per_token", "steps", "train_tokens", "best_val_loss", "best_step",
+                 "final_val_loss", "final_train_loss", "stop_reason"]
+COST_COLUMNS = ["wall_s", "tokens_per_s", "mfu", "peak_mem_mb", "device", "device_name", "precision", "cpu_count"]
+GROUP_COLUMNS = ["task", "kind", "cell", "family", "label", "leaks_future"]
+REQUIRED_METRICS = {
+    "translation": ["test_ppl", "bleu", "chrf"],
+    "summarization": ["test_ppl", "rouge1", "rouge2", "rougeLsum"],
+    "lm": ["test_ppl"],
+}
+SIGNIFICANCE_COLUMNS = ["task", "kind", "cell", "family", "label", "leaks_future", "baseline", "metric", "seed",
+                        "n_examples", "n_resamples", "base", "cell_score", "delta", "p_value", "p_not_better",
+                        "significant", "higher_is_better", "test"]
+
+
+# --- results.csv ---------------------------------------------------------------------------------
+
+
+def _run_row(study, task, cell, seed) -> dict:
+    p = run_paths(study, task.name, cell, seed)
+    tm, cost, ev = read_json(p["train_metrics"]), read_json(p["cost"]), read_json(p["eval_metrics"])
+    for path, obj in ((p["train_metrics"], tm), (p["eval_metrics"], ev)):
+        for key, want in (("task", task.name), ("cell", cell), ("seed", seed)):
+            if key in obj and str(obj[key]) != str(want):
+                raise StageError(f"{path}: {key} is {obj[key]!r}, expected {want!r} (stale or misplaced file)")
+    cfg = study.cell(task.name, cell)
+    row = {"task": task.name, "kind": task.kind, "cell": cell, "family": cfg.family, "label": cfg.label,
+           "seed": int(seed), "leaks_future": bool(cfg.leaks_future)}
+    m = require(ev, "metrics", p["eval_metrics"])
+    for key in REQUIRED_METRICS[task.kind]:
+        if key not in m:
+            raise StageError(f"{p['eval_metrics']}: metrics.{key} missing (needed for a {task.kind} task)")
+    for key, value in m.items():
+        if isinstance(value, (list, tuple)):
+            if len(value) == 2 and key.endswith("_ci"):
+                row[f"{key}_lo"], row[f"{key}_hi"] = (None if v is None else float(v) for v in value)
+            continue
+        if isinstance(value, bool):
+            row[key] = value
+        elif isinstance(value, (int, float)) or value is None:
+            row[key] = np.nan if value is None else float(value)
+        elif isinstance(value, str):
+            row[key] = value
+    row["n_test"] = ev.get("n_test")
+    for key in TRAIN_COLUMNS:
+        row[key] = tm.get(key)
+    for key in COST_COLUMNS:
+        row[key] = cost.get(key)
+    row["git_commit"] = (tm.get("provenance") or {}).get("git_commit")
+    return row
+
+
+def _order_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    metric_cols = [c for c in frame.columns if c not in ID_COLUMNS + TRAIN_COLUMNS + COST_COLUMNS
+                   + ["n_test", "git_commit"]]
+
+    def key(c):
+        base = c[:-3] if c.endswith("_lo") or c.endswith("_hi") else c
+        base = base[:-3] if base.endswith("_ci") else base
+        suffix = {"": 0, "_ci_lo": 1, "_ci_hi": 2}.get(c[len(base):], 3)
+        return (METRIC_ORDER.index(base) if base in METRIC_ORDER else len(METRIC_ORDER), base, suffix, c)
+
+    metric_cols.sort(key=key)
+    return frame[ID_COLUMNS + metric_cols + ["n_test"] + TRAIN_COLUMNS + COST_COLUMNS + ["git_commit"]]
+
+
+def collect_results(study) -> pd.DataFrame:
+    rows = [_run_row(study, task, cell, seed)
+            for task in study.tasks.values() for cell in task.cells for seed in study.seeds]
+    return _order_columns(pd.DataFrame(rows))
+
+
+# --- summary.csv ---------------------------------------------------------------------------------
+
+
+def summarize(results: pd.DataFrame) -> pd.DataFrame:
+    """Mean and sample std (ddof=1) over seeds of every numeric column, per task x cell,
+    in the order the runs appear in results."""
+    numeric = [c for c in results.columns
+               if c not in GROUP_COLUMNS + ["seed"] and pd.api.types.is_numeric_dtype(results[c])
+               and not pd.api.types.is_bool_dtype(results[c])]
+    out = []
+    for _, group in results.groupby(GROUP_COLUMNS, sort=False, dropna=False):
+        row = {c: group[c].iloc[0] for c in GROUP_COLUMNS}
+        row["n_seeds"] = int(group["seed"].nunique())
+        for c in numeric:
+            values = pd.to_numeric(group[c], errors="coerce")
+            row[f"{c}_mean"] = values.mean() if values.notna().any() else np.nan
+            row[f"{c}_std"] = values.std(ddof=1) if values.notna().sum() > 1 else np.nan
+        for c in ("device", "device_name", "precision"):
+            if c in group:
+                row[c] = group[c].iloc[0]
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+# --- significance.csv ----------------------------------------------------------------------------
+
+
+class _Outputs:
+    """Per-run evaluation outputs, read once."""
+
+    def __init__(self, study):
+        self.study = study
+        self._cache: dict = {}
+
+    def _dir(self, task, cell, seed) -> Path:
+        d = run_paths(self.study, task, cell, seed)["outputs"]
+        if not d.is_dir():
+            raise StageError(f"{d}: missing (run the evaluate stage for {task}/{cell}/seed{seed})")
+        return d
+
+    def per_example(self, task, cell, seed) -> pd.DataFrame:
+        key = ("pe", task, cell, seed)
+        if key not in self._cache:
+            path = self._dir(task, cell, seed) / "per_example.tsv"
+            if not path.exists():
+                raise StageError(f"{path}: missing")
+            frame = pd.read_csv(path, sep="\t")
+            for col in ("split", "index", "nll", "tokens"):
+                if col not in frame:
+                    raise StageError(f"{path}: column {col} missing")
+            frame = frame[frame["split"] == "test"].sort_values("index").reset_index(drop=True)
+            if frame.empty:
+                raise StageError(f"{path}: no test rows")
+            self._cache[key] = frame
+        return self._cache[key]
+
+    def lines(self, task, cell, seed, name) -> list[str]:
+        key = ("lines", task, cell, seed, name)
+        if key not in self._cache:
+            path = self._dir(task, cell, seed) / name
+            if not path.exists():
+                raise StageError(f"{path}: missing")
+            self._cache[key] = path.read_text(encoding="utf-8").split("\n")[:-1]
+        return self._cache[key]
+
+    def scores(self, task, cell, seed, metric, expected_mean: float | None) -> np.ndarray:
+        key = ("scores", task, cell, seed)
+        if key not in self._cache:
+            path = self._dir(task, cell, seed) / "scores.tsv"
+            if not path.exists():
+                raise StageError(f"{path}: missing")
+            self._cache[key] = (path, pd.read_csv(path, sep="\t"))
+        path, frame = self._cache[key]
+        if metric not in frame:
+            raise StageError(f"{path}: column {metric} missing")
+        values = frame[metric].to_numpy(dtype=np.float64)
+        # Per-example scores are F1 x 100 (metrics.rouge); accept a 0-1 file by matching the mean.
+        if expected_mean is not None and len(values) and values.max() <= 1.0 \
+                and abs(values.mean() * 100 - expected_mean) < abs(values.mean() - expected_mean):
+            values = values * 100.0
+        return values
+
+
+def _check_same(a, b, what: str):
+    if len(a) != len(b):
+        raise StageError(f"{what}: {len(a)} vs {len(b)} test examples; cannot pair them")
+
+
+def _ppl_arrays(out: _Outputs, task, cell, seed, denom: str, base_frame: pd.DataFrame | None = None):
+    frame = out.per_example(task, cell, seed)
+    if denom not in frame or frame[denom].isna().all():
+        raise StageError(f"{out._dir(task, cell, seed) / 'per_example.tsv'}: column {denom} empty")
+    if base_frame is not None and not np.array_equal(frame["index"].to_numpy(), base_frame["index"].to_numpy()):
+        raise StageError(f"{task}/{cell}/seed{seed}: test examples differ from the baseline's; cannot pair them")
+    return frame["nll"].to_numpy(np.float64), frame[denom].to_numpy(np.float64)
+
+
+def _test_one(out: _Outputs, task, kind: str, base: str, cell: str, seeds: list, metric: str, n: int,
+              means: dict) -> dict:
+    """One paired test of `cell` against `base` on `metric`, pooling the given seeds."""
+    if metric == "bleu":
+        bh, ch, refs = [], [], []
+        for s in seeds:
+            b, c = out.lines(task, base, s, "hyps.txt"), out.lines(task, cell, s, "hyps.txt")
+            r, rc = out.lines(task, base, s, "refs.txt"), out.lines(task, cell, s, "refs.txt")
+            _check_same(b, c, f"{task}/{cell}/seed{s} hyps.txt")
+            _check_same(b, r, f"{task}/{base}/seed{s} refs.txt")
+            if r != rc:
+                raise StageError(f"{task}/{cell}/seed{s}: refs.txt differs from the baseline's; cannot pair them")
+            bh, ch, refs = bh + b, ch + c, refs + r
+        res = metrics.paired_bootstrap_bleu(bh, ch, refs, n=n, seed=BOOTSTRAP_SEED)
+        res["p_not_better"] = np.nan
+        n_examples = len(refs)
+    elif metric.startswith("rouge"):
+        b_all, c_all = [], []
+        for s in seeds:
+            b = out.scores(task, base, s, metric, means.get((base, s, metric)))
+            c = out.scores(task, cell, s, metric, means.get((cell, s, metric)))
+            _check_same(b, c, f"{task}/{cell}/seed{s} scores.tsv")
+            b_all.append(b)
+            c_all.append(c)
+        res = metrics.paired_bootstrap_mean(np.concatenate(b_all), np.concatenate(c_all), n=n, seed=BOOTSTRAP_SEED,
+                                            higher_is_better=True)
+        n_examples = sum(map(len, b_all))
+    elif metric in ("test_ppl", "test_ppl_word"):
+        denom = "tokens" if metric == "test_ppl" else "words"
+        arrays = {"bn": [], "bt": [], "cn": [], "ct": []}
+        for s in seeds:
+            base_frame = out.per_example(task, base, s)
+            bn, bt = _ppl_arrays(out, task, base, s, denom)
+            cn, ct = _ppl_arrays(out, task, cell, s, denom, base_frame)
+            for k, v in zip(("bn", "bt", "cn", "ct"), (bn, bt, cn, ct)):
+                arrays[k].append(v)
+        cat = {k: np.concatenate(v) for k, v in arrays.items()}
+        res = metrics.paired_bootstrap_ppl(cat["bn"], cat["cn"], cat["bt"], cat["ct"], n=n, seed=BOOTSTRAP_SEED)
+        n_examples = len(cat["bn"])
+    else:
+        raise AssertionError(metric)
+    return {"metric": metric, "n_examples": n_examples, "n_resamples": n, "base": res["base"],
+            "cell_score": res["cell"], "delta": res["delta"], "p_value": res["p_value"],
+            "p_not_better": res["p_not_better"], "significant": bool(res["p_value"] < ALPHA),
+            "higher_is_better": higher_is_better(metric), "test": res["test"]}
+
+
+def significance(study, results: pd.DataFrame) -> pd.DataFrame:
+    out = _Outputs(study)
+    # Mean ROUGE per run from eval_metrics.json: lets scores.tsv in 0-1 units be recognised.
+    means = {(r["task"], r["cell"], r["seed"], m): r[m] for r in results.to_dict("records")
+             for m in ("rouge1", "rouge2", "rougeLsum") if m in r}
+    rows = []
+    for task in study.tasks.values():
+        base = task.baseline_cell
+        n = study.cell(task.name, base).eval.bootstrap
+        available = set(results.loc[results["task"] == task.name].dropna(axis=1, how="all").columns)
+        tested = [m for m in TESTED_METRICS[task.kind] if m in available]
+        task_means = {k[1:]: v for k, v in means.items() if k[0] == task.name}
+        for cell in task.cells:
+            if cell == base:
+                continue
+            cfg = study.cell(task.name, cell)
+            ident = {"task": task.name, "kind": task.kind, "cell": cell, "family": cfg.family, "label": cfg.label,
+                     "leaks_future": bool(cfg.leaks_future), "baseline": base}
+            for metric in tested:
+                for seeds, label in [([s], s) for s in study.seeds] + [(list(study.seeds), "pooled")]:
+                    res = _test_one(out, task.name, task.kind, base, cell, seeds, metric, n, task_means)
+                    rows.append({**ident, "seed": label, **res})
+    return pd.DataFrame(rows, columns=SIGNIFICANCE_COLUMNS)
+
+
+# --- stage entry ---------------------------------------------------------------------------------
+
+
+def _csv(frame: pd.DataFrame) -> str:
+    return frame.to_csv(index=False, float_format="%.6g", lineterminator="\n")
+
+
+def run(study) -> None:
+    paths = report_paths(study)
+    results = collect_results(study)
+    summary = summarize(results)
+    sig = significance(study, results)
+    # Everything computed before anything is written: a failure leaves the old outputs intact.
+    atomic_write_text(paths["results"], _csv(results))
+    atomic_write_text(paths["summary"], _csv(summary))
+    atomic_write_text(paths["significance"], _csv(sig))
+    n_sig = int(sig.loc[sig["seed"] == "pooled", "significant"].sum()) if len(sig) else 0
+    print(f"[aggregate] {len(results)} runs, {len(summary)} task x cell groups, "
+          f"{n_sig} of {int((sig['seed'] == 'pooled').sum()) if len(sig) else 0} pooled tests significant "
+          f"at p<{ALPHA}: {paths['results'].parent}", flush=True)
