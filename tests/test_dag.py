@@ -90,3 +90,8 @@ def test_snakemake_and_dvc_run_the_same_jobs(params, monkeypatch):
     study = load_study(ROOT / params)
     n_train = sum(len(t.cells) for t in study.tasks.values()) * len(study.seeds)
     assert sum(j["rule"] == "train" for j in smk.values()) == n_train
+
+
+def test_snakemake_lint_is_clean():
+    proc = subprocess.run([BIN / "snakemake", "--lint"], cwd=ROOT, capture_output=True, text=True, env=_env())
+    assert proc.returncode == 0 and "good condition" in proc.stdout + proc.stderr, proc.stdout[-2000:]

@@ -48,3 +48,8 @@ def stage_params_hash(stage):
 
 def stage_log(stage, pattern):
     return f"logs/{STUDY.name}/{stage}/{pattern}.log"
+
+
+def stage_benchmark(stage, pattern):
+    # Wall time, memory and I/O per job; bench/bench_demo.py turns them into a per-stage table.
+    return f"logs/{STUDY.name}/bench/{stage}/{pattern}.tsv"

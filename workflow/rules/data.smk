@@ -8,6 +8,10 @@ rule download:
         params_hash=stage_params_hash("download"),
     log:
         stage_log("download", "{dataset}"),
+    benchmark:
+        stage_benchmark("download", "{dataset}")
+    conda:
+        "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"
 
@@ -22,6 +26,10 @@ rule filter:
         params_hash=stage_params_hash("filter"),
     log:
         stage_log("filter", "{task}"),
+    benchmark:
+        stage_benchmark("filter", "{task}")
+    conda:
+        "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"
 
@@ -36,5 +44,9 @@ rule bpe:
         params_hash=stage_params_hash("bpe"),
     log:
         stage_log("bpe", "{task}"),
+    benchmark:
+        stage_benchmark("bpe", "{task}")
+    conda:
+        "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"

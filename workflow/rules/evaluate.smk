@@ -10,5 +10,9 @@ rule evaluate:
         gpu=1,
     log:
         stage_log("evaluate", "{task}-{cell}-s{seed}"),
+    benchmark:
+        stage_benchmark("evaluate", "{task}-{cell}-s{seed}")
+    conda:
+        "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"

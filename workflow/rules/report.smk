@@ -8,6 +8,10 @@ rule aggregate:
         params_hash=stage_params_hash("aggregate"),
     log:
         stage_log("aggregate", "aggregate"),
+    benchmark:
+        stage_benchmark("aggregate", "aggregate")
+    conda:
+        "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"
 
@@ -22,6 +26,10 @@ rule figures:
         params_hash=stage_params_hash("figures"),
     log:
         stage_log("figures", "figures"),
+    benchmark:
+        stage_benchmark("figures", "figures")
+    conda:
+        "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"
 
@@ -36,6 +44,10 @@ rule tables:
         params_hash=stage_params_hash("tables"),
     log:
         stage_log("tables", "tables"),
+    benchmark:
+        stage_benchmark("tables", "tables")
+    conda:
+        "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"
 
@@ -50,5 +62,9 @@ rule report:
         params_hash=stage_params_hash("report"),
     log:
         stage_log("report", "report"),
+    benchmark:
+        stage_benchmark("report", "report")
+    conda:
+        "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"

@@ -12,5 +12,9 @@ rule train:
         gpu=1,
     log:
         stage_log("train", "{task}-{cell}-s{seed}"),
+    benchmark:
+        stage_benchmark("train", "{task}-{cell}-s{seed}")
+    conda:
+        "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"
