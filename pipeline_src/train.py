@@ -248,7 +248,8 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     scratch.mkdir(parents=True, exist_ok=True)
 
     n_params = count_parameters(model)
-    fpt = flops_per_token(mcfg, t.max_src_len, t.lm_seq_len if cell.kind == "lm" else t.max_tgt_len)
+    # A language model has no source: its whole context is the target sequence.
+    fpt = flops_per_token(mcfg, 0, t.lm_seq_len) if cell.kind == "lm" else flops_per_token(mcfg, t.max_src_len, t.max_tgt_len)
     peak = _peak_flops(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
