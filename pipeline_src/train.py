@@ -76,13 +76,19 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16)
 
 
-def sequence_loss(model, batch: dict, label_smoothing: float = 0.0, reduction: str = "sum") -> tuple[torch.Tensor, int]:
-    """Summed cross-entropy over target tokens (PAD ignored) and the number of those tokens."""
+def target_tokens(batch: dict) -> int:
+    """Loss-bearing tokens of a batch. Call it on the host copy: on a GPU tensor it would stall
+    the CPU until the queued work is done."""
+    return int((batch["tgt_out"] != PAD).sum())
+
+
+def sequence_loss(model, batch: dict, label_smoothing: float = 0.0, reduction: str = "sum") -> torch.Tensor:
+    """Summed cross-entropy over the target tokens (PAD ignored)."""
     logits = model(batch["src"], batch["tgt_in"])
     target = batch["tgt_out"]
     loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=PAD,
                            label_smoothing=label_smoothing, reduction=reduction)
-    return loss, int((target != PAD).sum())
+    return loss
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,8 +141,8 @@ def validation_loss(model, data: TaskData, device, precision: str) -> float:
     total, count = 0.0, 0
     for batch in data.val_batches():
         with autocast(device, precision):
-            loss, n = sequence_loss(model, batching.to_device(batch, device))
-        total, count = total + float(loss), count + n
+            loss = sequence_loss(model, batching.to_device(batch, device))
+        total, count = total + float(loss), count + target_tokens(batch)
     model.train()
     return total / max(count, 1)
 
@@ -222,9 +228,11 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     mcfg = model_config(cell, vocab_size)
     model = Transformer(mcfg).to(device)
     rank, world = distributed_setup(device)
-    # foreach: one fused update over all tensors instead of a Python loop (the CPU default is off).
+    # One fused kernel per step on CUDA; on CPU, foreach updates all tensors at once instead of
+    # a Python loop over them (the CPU default).
+    fused = device.type == "cuda"
     optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
-                                  foreach=True)
+                                  fused=fused, foreach=not fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: learning_rate(s + 1, t) / t.lr)
     step_fn = torch.compile(model) if (t.compile and device.type == "cuda") else model
     if world > 1:
@@ -268,7 +276,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
             break
         tick = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        step_tokens, step_loss = 0, 0.0
+        step_tokens, loss_sum = 0, torch.zeros((), device=device)
         micro = []
         for _ in range(t.grad_accum):
             if state["batch_in_epoch"] >= len(batches):
@@ -277,23 +285,28 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
                 batches = data.epoch_batches(state["epoch"])
             micro.append(data.train_batch(batches[state["batch_in_epoch"]]))
             state["batch_in_epoch"] += 1
-        total_tokens = sum(int((b["tgt_out"] != PAD).sum()) for b in micro)  # over the global batch
+        total_tokens = sum(target_tokens(b) for b in micro)  # over the global batch
         for batch in micro:
+            part = shard(batch, rank, world)
+            step_tokens += target_tokens(part)
             with autocast(device, t.precision):
-                loss, n = sequence_loss(step_fn, batching.to_device(shard(batch, rank, world), device), t.label_smoothing)
+                loss = sequence_loss(step_fn, batching.to_device(part, device), t.label_smoothing)
             # DDP averages gradients over ranks; scaling by `world` turns that into the sum, so the
             # gradient is that of the global batch's mean token loss, as in one process.
             (loss * world / total_tokens).backward()
-            step_loss += loss.detach().item()
-            step_tokens += n
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm or float("inf"))
+        optimizer.step()
+        scheduler.step()
+        # The step's one host-device sync, after the whole update is queued. A non-finite loss
+        # stops the run here; the state on disk is from the last save, before this step.
+        step_loss = loss_sum.item()
         if not math.isfinite(step_loss):
             bar.close()
             raise StageError(
                 f"{task}/{cell_name}/seed{seed}: non-finite training loss at step {state['step'] + 1}; "
                 f"the last good state is kept in {state_path} (lower lr or enable clipping)")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm or float("inf")))
-        optimizer.step()
-        scheduler.step()
+        grad_norm = grad_norm.item()
         state["step"] += 1
         state["train_tokens"] += step_tokens
         if device.type == "cuda":
