@@ -29,18 +29,10 @@ sys.path.insert(0, str(REPO))
 
 import pipeline_src.data as data_pkg  # noqa: E402
 from pipeline_src import bpe  # noqa: E402
-from pipeline_src.common import package_versions  # noqa: E402
+from pipeline_src.common import cpu_name, package_versions  # noqa: E402
 from pipeline_src.config import load_study  # noqa: E402
 from pipeline_src.data import download, read_parquet  # noqa: E402
 from pipeline_src.data import filter as filt  # noqa: E402
-
-
-def cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def build_mirror(src_mirror: Path, dst: Path, rows: int) -> int:

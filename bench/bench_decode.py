@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import OUT_DIR, autocast, md_table, median, pick_device, sync, write_report
+from common import OUT_DIR, autocast, md_table, median, sync, torch_setup, write_report
 
 import torch
 
@@ -59,12 +59,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 with --quick)")
     ap.add_argument("--out", default=str(OUT_DIR))
     args = ap.parse_args()
-    device = pick_device(args.device)
-    if args.threads or args.quick:  # quick runs happen on busy machines, where 2+ threads thrash
-        torch.set_num_threads(args.threads or 1)
+    device = torch_setup(args)
     gpu = device.type == "cuda"
-    if args.no_cudnn_sdp:
-        torch.backends.cuda.enable_cudnn_sdp(False)
     dims = QUICK if args.quick else FULL
     B = args.batch or (8 if args.quick else 64 if gpu else 16)
     vocab = args.vocab or (1000 if args.quick else 8000)

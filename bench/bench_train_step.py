@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import OUT_DIR, autocast, md_table, median, peak_bf16_flops, pick_device, sync, write_report
+from common import OUT_DIR, autocast, md_table, median, peak_bf16_flops, sync, torch_setup, write_report
 
 import torch
 import torch.nn as nn
@@ -137,12 +137,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="append torch.profiler top ops per variant")
     ap.add_argument("--out", default=str(OUT_DIR), help="directory for train_step.json/.md")
     args = ap.parse_args()
-    device = pick_device(args.device)
-    if args.threads or args.quick:  # quick runs happen on busy machines, where 2+ threads thrash
-        torch.set_num_threads(args.threads or 1)
+    device = torch_setup(args)
     gpu = device.type == "cuda"
-    if args.no_cudnn_sdp:
-        torch.backends.cuda.enable_cudnn_sdp(False)
     known = {**QUICK_CONFIGS, **CONFIGS}
     configs = {k: known[k] for k in (args.configs or (QUICK_CONFIGS if args.quick else CONFIGS))}
     B = args.batch or (16 if args.quick else 64 if gpu else 32)

@@ -25,18 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from pipeline_src.common import package_versions  # noqa: E402
+from pipeline_src.common import cpu_name, package_versions  # noqa: E402
 
 OUT_DIR = REPO / "reports" / "bench"
 BIN = Path(sys.executable).parent  # snakemake / dvc of the running environment
-
-
-def cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def machine_info() -> dict:
@@ -111,6 +103,17 @@ def pick_device(name: str = "auto"):
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # as pipeline_src/train.py
         torch.backends.cudnn.allow_tf32 = True
+    return device
+
+
+def torch_setup(args):
+    """Device and thread settings every torch benchmark takes from its common flags."""
+    import torch
+    device = pick_device(args.device)
+    if args.threads or args.quick:  # quick runs happen on busy machines, where 2+ threads thrash
+        torch.set_num_threads(args.threads or 1)
+    if args.no_cudnn_sdp:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     return device
 
 

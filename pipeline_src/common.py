@@ -94,6 +94,16 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
 def git_commit() -> str:
     try:
         root = Path(__file__).resolve().parent.parent

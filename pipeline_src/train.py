@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from . import batching
-from .common import (StageError, atomic_dir, atomic_write_json, atomic_write_text, progress, provenance,
+from .common import (StageError, atomic_dir, cpu_name, atomic_write_json, atomic_write_text, progress, provenance,
                      seed_everything)
 from .config import CellConfig, Study
 from .data.tokens import BOS, EOS, PAD, load_spm
@@ -384,7 +384,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     tokens_per_s = timed_tokens / max(timed_s, 1e-9)
     atomic_write_json(out["cost"], {
         "wall_s": wall, "tokens_per_s": tokens_per_s, "device": device.type,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "cpu_count": os.cpu_count(), "peak_mem_mb": _memory_mb(device, peak=True), "precision": _precision_name(device, t.precision),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
         "resumed_from_step": resumed_from})
@@ -415,16 +415,6 @@ def _memory_mb(device, peak: bool = False) -> float:
 
 def _precision_name(device, precision: str) -> str:
     return "bf16-autocast" if device.type == "cuda" and precision in ("auto", "bf16") else "fp32"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
 
 
 def _peak_flops(device) -> float | None:
