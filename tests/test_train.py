@@ -183,3 +183,49 @@ def test_schedules():
     assert train_mod.learning_rate(500, cos) == pytest.approx(0.5, abs=2e-3)
     assert train_mod.learning_rate(1000, cos) == pytest.approx(0.0, abs=1e-6)
     assert math.isclose(train_mod.learning_rate(10, TrainConfig(lr=2.0, warmup_steps=0, schedule="constant")), 2.0)
+
+
+def _tiny_study(workdir, **train):
+    text = yaml.safe_load((workdir / "tiny.yaml").read_text())
+    text["tasks"]["reorder"]["train"].update(train)
+    (workdir / "variant.yaml").write_text(yaml.safe_dump(text))
+    return load_study("variant.yaml")  # same study name: reuses the prepared data
+
+
+def test_early_stopping_stops_when_patience_runs_out(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    study = _tiny_study(workdir, patience=2, eval_every=5, max_steps=60)
+    _clear(workdir)
+    curve = iter([1.0, 0.5, 0.7, 0.6, 0.4])  # best at the 2nd evaluation, then two without improvement
+    monkeypatch.setattr(train_mod, "validation_loss", lambda *a, **k: next(curve))
+    train_mod.run(study, "reorder", "baseline", 0)
+    metrics = json.loads(_outputs(workdir)[0].read_text())
+    assert metrics["stop_reason"] == "early_stopping"
+    assert (metrics["steps"], metrics["best_step"], metrics["best_val_loss"]) == (20, 10, 0.5)
+    best = torch.load(_outputs(workdir)[1] / "best.pt", weights_only=True)
+    assert best["meta"]["step"] == 10
+
+
+def test_checkpoint_averaging_writes_the_mean_of_the_last_evaluations(workdir, monkeypatch):
+    monkeypatch.chdir(workdir)
+    study = _tiny_study(workdir, average_last=2, eval_every=10, max_steps=30)
+    _clear(workdir)
+    saved = {}
+    real_save = train_mod._save
+
+    def spy(path, obj):
+        if Path(path).name.startswith("eval"):
+            saved[Path(path).name] = {k: v.clone() for k, v in obj.items()}
+        real_save(path, obj)
+
+    monkeypatch.setattr(train_mod, "_save", spy)
+    train_mod.run(study, "reorder", "baseline", 0)
+    ckpt = _outputs(workdir)[1]
+    averaged = torch.load(ckpt / "averaged.pt", weights_only=True)
+    assert averaged["meta"]["averaged"] == ["eval20.pt", "eval30.pt"]
+    for k, v in averaged["model"].items():
+        if v.is_floating_point():
+            assert torch.allclose(v, (saved["eval20.pt"][k] + saved["eval30.pt"][k]) / 2), k
+    assert json.loads(_outputs(workdir)[0].read_text())["eval_checkpoint"] == "averaged.pt"
+    _, meta = train_mod.load_trained_model(ckpt)  # evaluation picks the averaged weights
+    assert meta.get("averaged") == ["eval20.pt", "eval30.pt"]
