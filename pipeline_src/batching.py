@@ -91,7 +91,7 @@ def seq2seq_batches(data: Seq2SeqData, batch_tokens: int, arch: str, seed: int |
     return batches
 
 
-def _pad(rows: list[np.ndarray]) -> torch.Tensor:
+def pad_rows(rows: list[np.ndarray]) -> torch.Tensor:
     out = np.full((len(rows), max(len(r) for r in rows)), PAD, dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
@@ -102,15 +102,15 @@ def collate_seq2seq(data: Seq2SeqData, idx: list[int], arch: str) -> dict:
     if arch == "decoder_only":
         # One causal sequence: source (ends in EOS), BOS as separator, target, EOS.
         seqs = [np.concatenate([data.src[i], [BOS], data.tgt[i], [EOS]]) for i in idx]
-        inp = _pad([s[:-1] for s in seqs])
-        out = _pad([s[1:] for s in seqs])
+        inp = pad_rows([s[:-1] for s in seqs])
+        out = pad_rows([s[1:] for s in seqs])
         for row, i in enumerate(idx):  # no loss on predicting the source or the separator
             out[row, : len(data.src[i])] = PAD
         return {"src": None, "tgt_in": inp, "tgt_out": out}
     return {
-        "src": _pad([data.src[i] for i in idx]),
-        "tgt_in": _pad([np.concatenate([[BOS], data.tgt[i]]) for i in idx]),
-        "tgt_out": _pad([np.concatenate([data.tgt[i], [EOS]]) for i in idx]),
+        "src": pad_rows([data.src[i] for i in idx]),
+        "tgt_in": pad_rows([np.concatenate([[BOS], data.tgt[i]]) for i in idx]),
+        "tgt_out": pad_rows([np.concatenate([data.tgt[i], [EOS]]) for i in idx]),
     }
 
 
@@ -131,7 +131,7 @@ def lm_batches(n_windows: int, rows: int, seed: int | None, epoch: int = 0) -> l
 
 def collate_lm(stream: np.ndarray, starts: np.ndarray, idx: list[int], seq_len: int) -> dict:
     chunks = [stream[starts[i]: starts[i] + seq_len + 1] for i in idx]
-    return {"src": None, "tgt_in": _pad([c[:-1] for c in chunks]), "tgt_out": _pad([c[1:] for c in chunks])}
+    return {"src": None, "tgt_in": pad_rows([c[:-1] for c in chunks]), "tgt_out": pad_rows([c[1:] for c in chunks])}
 
 
 def to_device(batch: dict, device) -> dict:

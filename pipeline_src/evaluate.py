@@ -80,7 +80,7 @@ def decode_all(model, data: batching.Seq2SeqData, ev, device, precision: str, de
     bar = progress(total=len(data), desc=desc, unit="sent")
     for start in range(0, len(order), ev.batch_size):
         idx = order[start: start + ev.batch_size].tolist()
-        src = batching._pad([data.src[i] for i in idx]).to(device)
+        src = batching.pad_rows([data.src[i] for i in idx]).to(device)
         with autocast(device, precision):  # beam_size 1 is exactly greedy search (tested)
             out = beam_search(model, src, beam_size=ev.beam_size, length_penalty=ev.length_penalty,
                               max_len_a=ev.max_len_a, max_len_b=ev.max_len_b)
