@@ -174,9 +174,24 @@ def jobs_by_stage(study: Study) -> dict[str, dict[str, Job]]:
     return out
 
 
-def job_for_wildcards(study: Study, stage: str, wildcards) -> Job:
-    """The job a Snakemake rule instance stands for (matched on its output paths)."""
-    for job in jobs_by_stage(study)[stage].values():
-        if all(str(job.wildcards.get(k)) == str(v) for k, v in dict(wildcards).items()):
-            return job
-    raise KeyError(f"no {stage} job for {dict(wildcards)} in study {study.name}")
+class JobIndex:
+    """The study's jobs, built once, looked up by the wildcards of a Snakemake rule instance.
+    (Snakemake asks for a job's inputs, command and params hash once each per job.)"""
+
+    def __init__(self, study: Study):
+        self.study = study
+        self._jobs = {(job.stage, _key(job.wildcards)): job for job in build_jobs(study)}
+
+    def __call__(self, stage: str, wildcards) -> Job:
+        wc = dict(wildcards)
+        job = self._jobs.get((stage, _key(wc)))
+        if job is None:  # a rule's wildcards may be a subset of the job's (filter also knows its dataset)
+            job = next((j for (s, _), j in self._jobs.items() if s == stage
+                        and all(str(j.wildcards.get(k)) == str(v) for k, v in wc.items())), None)
+        if job is None:
+            raise KeyError(f"no {stage} job for {wc} in study {self.study.name}")
+        return job
+
+
+def _key(wildcards: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in wildcards.items() if k != "study"))

@@ -5,7 +5,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir)))
 
 from pipeline_src.config import ConfigError, load_study
-from pipeline_src.stages import DIRECTORIES, OUTPUTS, job_for_wildcards
+from pipeline_src.stages import DIRECTORIES, OUTPUTS, JobIndex
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
@@ -14,6 +14,7 @@ except ConfigError as err:
     # One line naming the key, and nothing scheduled.
     raise SystemExit(f"error: {err}")
 
+JOB = JobIndex(STUDY)
 REPORT_PDF = OUTPUTS["report"]["pdf"].format(study=STUDY.name)
 
 
@@ -34,16 +35,16 @@ def stage_outputs(stage):
 
 
 def stage_inputs(stage):
-    return lambda wildcards: list(job_for_wildcards(STUDY, stage, wildcards).deps)
+    return lambda wildcards: list(JOB(stage, wildcards).deps)
 
 
 def stage_command(stage):
-    return lambda wildcards: job_for_wildcards(STUDY, stage, wildcards).cmd
+    return lambda wildcards: JOB(stage, wildcards).cmd
 
 
 def stage_params_hash(stage):
     # Changes exactly when a params section this job reads changes (Snakemake's params trigger).
-    return lambda wildcards: job_for_wildcards(STUDY, stage, wildcards).param_hash
+    return lambda wildcards: JOB(stage, wildcards).param_hash
 
 
 def stage_log(stage, pattern):
