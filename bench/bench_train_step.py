@@ -20,6 +20,7 @@ MFU = 3 * flops_per_token * target tokens/s / measured bf16 matmul peak.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 from common import OUT_DIR, autocast, md_table, median, peak_bf16_flops, sync, torch_setup, write_report
@@ -104,10 +105,10 @@ def make_step(model, batch, device):
     return step
 
 
-def build(kind: str, cfg: ModelConfig, device, compile_: bool):
+def build(kind: str, cfg: ModelConfig, device, compile_: bool, mode: str | None = None):
     torch.manual_seed(0)
     model = (Reference(cfg) if kind == "ref" else Transformer(cfg)).to(device).train()
-    return torch.compile(model) if compile_ else model
+    return torch.compile(model, mode=mode) if compile_ else model
 
 
 def profile(name, step, n: int = 3, top: int = 12) -> str:
@@ -118,7 +119,7 @@ def profile(name, step, n: int = 3, top: int = 12) -> str:
             step()
     key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
     return f"\n### profile: {name} ({n} steps, sorted by {key})\n\n```\n" + \
-        p.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=40) + "\n```\n"
+        p.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=int(os.environ.get("BENCH_NAME_WIDTH", 40))) + "\n```\n"
 
 
 def main() -> None:
@@ -133,8 +134,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, help="untimed steps per variant (default 3, quick 1)")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 with --quick)")
     ap.add_argument("--compile", action="store_true", help="torch.compile every variant")
+    ap.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)")
     ap.add_argument("--no-cudnn-sdp", action="store_true", help="CUDA: keep SDPA off its cuDNN backend")
     ap.add_argument("--profile", action="store_true", help="append torch.profiler top ops per variant")
+    ap.add_argument("--top", type=int, default=12, help="rows per profile table")
+    ap.add_argument("--variants", nargs="*", help="subset of ours-sdpa ours-explicit torch.nn.Transformer")
+    ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--out", default=str(OUT_DIR), help="directory for train_step.json/.md")
     args = ap.parse_args()
     device = torch_setup(args)
@@ -149,14 +154,16 @@ def main() -> None:
     peak = peak_bf16_flops(device) if gpu else None
     variants = {"ours-sdpa": ("ours", "sdpa"), "ours-explicit": ("ours", "explicit"),
                 "torch.nn.Transformer": ("ref", "sdpa")}
+    variants = {v: variants[v] for v in (args.variants or variants)}
 
     rows, results, profiles = [], [], ""
     for name, (d, h, ne, nd) in configs.items():
         cfg_kw = dict(vocab_size=vocab, d_model=d, n_heads=h, enc_layers=ne, dec_layers=nd, d_ff=4 * d,
-                      dropout=0.1, pad_id=PAD, bos_id=BOS, eos_id=EOS)
+                      dropout=args.dropout, pad_id=PAD, bos_id=BOS, eos_id=EOS)
         batch = make_batch(B, L, L, vocab, device)
         fpt = flops_per_token(ModelConfig(**cfg_kw), L, L)
-        step_fns = {v: make_step(build(kind, ModelConfig(**cfg_kw, attention_impl=impl), device, args.compile),
+        step_fns = {v: make_step(build(kind, ModelConfig(**cfg_kw, attention_impl=impl), device,
+                                                 args.compile or bool(args.compile_mode), args.compile_mode),
                                  batch, device) for v, (kind, impl) in variants.items()}
         times = {v: [] for v in variants}
         for rep in range(warmup + steps):       # interleaved A/B/C: load drifts hit every variant alike
@@ -164,36 +171,38 @@ def main() -> None:
                 t = fn()
                 if rep >= warmup:
                     times[v].append(t)
-        ref_t = median(times["torch.nn.Transformer"])
+        ref_t = median(times["torch.nn.Transformer"]) if "torch.nn.Transformer" in times else None
         for v in variants:
             t = median(times[v])
             tok_s = B * L / t
             mfu = 3 * fpt * tok_s / peak if peak else None
-            ratio = t / ref_t
+            ratio = t / ref_t if ref_t else None
             met = None if v.startswith("torch") else (
-                (ratio <= CPU_TARGET) if not gpu else (mfu >= MFU_TARGET if name == "d512/6+6" else None))
+                (ratio <= CPU_TARGET if ratio else None) if not gpu else (mfu >= MFU_TARGET if name == "d512/6+6" else None))
             results.append({"config": name, "variant": v, "median_s": t, "min_s": min(times[v]),
                             "times_s": times[v], "tokens_per_s": tok_s, "ratio_vs_ref": ratio, "mfu": mfu,
                             "flops_per_token": fpt, "target_met": met})
             rows.append([name, v, f"{2 * d * vocab / fpt:.0%}", f"{t * 1e3:.1f}", f"{min(times[v]) * 1e3:.1f}",
-                         f"{tok_s:,.0f}", f"{ratio:.2f}×", f"{100 * mfu:.1f} %" if mfu else None,
+                         f"{tok_s:,.0f}", f"{ratio:.2f}×" if ratio else None, f"{100 * mfu:.1f} %" if mfu else None,
                          {True: "yes", False: "NO", None: "–"}[met]])
         if args.profile:
             for v, fn in step_fns.items():
-                profiles += profile(f"{name} {v}", fn)
+                profiles += profile(f"{name} {v}", fn, top=args.top)
 
     target = (f"target: ours/ref ≤ {CPU_TARGET}× on CPU" if not gpu
               else f"target: MFU ≥ {MFU_TARGET:.0%} for d512/6+6 (measured bf16 matmul peak {peak / 1e12:.0f} TFLOP/s)")
-    setup = (f"batch {B} sentences × {L} source + {L} target tokens, vocab {vocab}, dropout 0.1, label smoothing 0.1, "
+    setup = (f"batch {B} sentences × {L} source + {L} target tokens, vocab {vocab}, dropout {args.dropout}, label smoothing 0.1, "
              f"AdamW; {warmup} warm-up + {steps} timed steps per variant, interleaved; device {device}"
              f"{' (bf16 autocast)' if gpu else f', {torch.get_num_threads()} threads'}"
-             f"{', torch.compile' if args.compile else ''}"
+             f"{', torch.compile' if args.compile or args.compile_mode else ''}"
+             f"{f' (mode {args.compile_mode})' if args.compile_mode else ''}"
              f"{', cuDNN SDPA off' if args.no_cudnn_sdp else ''}; {target}. tokens/s counts target tokens.")
     md = setup + "\n\n" + md_table(["config", "model", "head share", "median ms/step", "min ms", "tokens/s", "÷ ref",
                                     "MFU", "target met"], rows) + "\n" + profiles
     write_report("train_step", "Training step: ours vs torch.nn.Transformer",
                  {"device": str(device), "batch": B, "seq_len": L, "vocab": vocab, "steps": steps, "warmup": warmup,
-                  "threads": torch.get_num_threads(), "compile": args.compile,
+                  "threads": torch.get_num_threads(), "compile": args.compile or bool(args.compile_mode),
+                  "compile_mode": args.compile_mode,
                   "cudnn_sdp": not args.no_cudnn_sdp, "peak_bf16_flops": peak, "cpu_target_ratio": CPU_TARGET,
                   "mfu_target": MFU_TARGET, "results": results}, md, quick=args.quick, out_dir=args.out)
 
