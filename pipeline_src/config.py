@@ -106,6 +106,8 @@ class DatasetConfig:
     kind: str
     hf_id: str | None = None
     hf_config: str | None = None
+    hf_revision: str | None = None    # e.g. refs/convert/parquet: the Hub's Parquet export
+    hf_data_dir: str | None = None    # a subfolder of the repo (in the Parquet export: the config)
     generator: str | None = None
     generator_rows: dict = field(default_factory=lambda: {"train": 2000, "validation": 200, "test": 200})
     generator_seed: int = 0

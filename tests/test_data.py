@@ -355,6 +355,59 @@ def test_hub_unreachable_without_mirror(tmp_path, monkeypatch):
     assert not (tmp_path / "data/toy/raw/toy").exists() and no_temp_left(tmp_path)
 
 
+def write_parquet_export(repo: Path, config: str, splits: dict) -> None:
+    """The layout of a Hub dataset's Parquet export (branch refs/convert/parquet):
+    <config>/<split>/0000.parquet, rows in the dataset's own schema."""
+    import pyarrow as pa
+    for split, rows in splits.items():
+        (repo / config / split).mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(rows), repo / config / split / "0000.parquet")
+
+
+def _iwslt_rows(n: int, seed: int) -> list[dict]:  # IWSLT2017's schema: {"translation": {"de", "en"}}
+    return [{"translation": {"de": r["de"], "en": r["en"]}} for r in toy_pairs(n, seed)]
+
+
+def test_hub_parquet_export_from_a_local_copy(tmp_path, monkeypatch):
+    """The Hub code path (`datasets.load_dataset(hf_id, revision=, data_dir=)`) on a local copy of a
+    script dataset's Parquet export: data_dir picks the config, nested fields map, no network is asked."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(download, "_hub_unreachable", lambda: pytest.fail("a local copy must not touch the network"))
+    repo = tmp_path / "hub" / "iwslt2017"
+    write_parquet_export(repo, "iwslt2017-en-de", {"train": _iwslt_rows(300, 0), "validation": _iwslt_rows(30, 1),
+                                                   "test": _iwslt_rows(20, 2)})
+    write_parquet_export(repo, "iwslt2017-en-fr", {"train": _iwslt_rows(7, 3), "validation": _iwslt_rows(7, 4),
+                                                   "test": _iwslt_rows(7, 5)})   # another config: must be ignored
+    study = make_study(tmp_path, {"iwslt": {"kind": "translation", "hf_id": str(repo),
+                                            "hf_revision": "refs/convert/parquet", "hf_data_dir": "iwslt2017-en-de",
+                                            "fields": {"src": "translation.en", "tgt": "translation.de"}}},
+                       {"iwslt_mt": {"kind": "translation", "dataset": "iwslt", "bpe": {"vocab_size": 60}}}, mirror=None)
+    download.run(study, "iwslt")
+    manifest = json.loads((tmp_path / "data/toy/raw/iwslt/manifest.json").read_text())
+    assert manifest["source"] == f"local:{repo}/iwslt2017-en-de@refs/convert/parquet"
+    assert {s: v["rows"] for s, v in manifest["splits"].items()} == {"train": 300, "validation": 30, "test": 20}
+    filt.run(study, "iwslt_mt")
+    first = pq.read_table(tmp_path / "data/toy/filtered/iwslt_mt/train.parquet").to_pylist()[0]
+    assert (first["src"], first["tgt"]) == (toy_pairs(1, 0)[0]["en"], toy_pairs(1, 0)[0]["de"])
+
+
+def test_hub_script_dataset_names_the_parquet_export(tmp_path, monkeypatch):
+    """datasets >= 4 refuses loading scripts: the error says which params keys load the Parquet export."""
+    monkeypatch.chdir(tmp_path)
+    repo = tmp_path / "hub" / "iwslt2017"
+    repo.mkdir(parents=True)
+    (repo / "iwslt2017.py").write_text("import datasets\n")
+    study = make_study(tmp_path, {"iwslt": {"kind": "translation", "hf_id": str(repo), "hf_config": "iwslt2017-en-de",
+                                            "fields": {"src": "translation.en", "tgt": "translation.de"}}},
+                       {"iwslt_mt": {"kind": "translation", "dataset": "iwslt"}}, mirror=None)
+    with pytest.raises(StageError) as err:
+        download.run(study, "iwslt")
+    msg = one_line(err)
+    for part in ("download iwslt", "loading-script", "hf_revision: refs/convert/parquet", "hf_data_dir: iwslt2017-en-de"):
+        assert part in msg, msg
+    assert not (tmp_path / "data/toy/raw/iwslt").exists() and no_temp_left(tmp_path)
+
+
 def test_mirror_env_wins(tmp_path, monkeypatch):
     standard_mirror(tmp_path)
     monkeypatch.chdir(tmp_path)

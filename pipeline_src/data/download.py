@@ -5,7 +5,12 @@ Sources, in order of precedence:
   2. a mirror directory (env PIPELINE_DATA_MIRROR, else params `mirror:`, relative to the
      current directory) -> `<mirror>/<dataset>/<split>.jsonl.gz` read with
      `datasets.load_dataset("json", data_files=...)`; the files hold the Hub's own row schema;
-  3. the Hugging Face Hub -> `datasets.load_dataset(hf_id, hf_config)`.
+  3. the Hugging Face Hub -> `datasets.load_dataset(hf_id, hf_config, revision=hf_revision,
+     data_dir=hf_data_dir)`. hf_id may also name a local directory holding a copy of the Hub
+     repository (`git clone` / `hf download --repo-type dataset`): the library reads it the same way.
+     datasets >= 4 no longer runs loading scripts; for a script dataset (IWSLT2017, PTB) params
+     point at the Hub's Parquet export instead: `hf_revision: refs/convert/parquet`,
+     `hf_data_dir: <config name>` (that branch holds <config>/<split>/*.parquet).
 There is no silent fallback from one source to another: a missing mirror file or an
 unreachable Hub is a one-line StageError that says how to provide the data.
 
@@ -133,20 +138,34 @@ def _hub_unreachable() -> str | None:
         return f"{host}:{port} is unreachable: {_one_line(e)}"
 
 
+def hub_label(ds) -> str:
+    """hf_id[/config][/data_dir][@revision], as the manifest and error messages name a Hub source."""
+    return (ds.hf_id + (f"/{ds.hf_config}" if ds.hf_config else "") + (f"/{ds.hf_data_dir}" if ds.hf_data_dir else "")
+            + (f"@{ds.hf_revision}" if ds.hf_revision else ""))
+
+
 def _from_hub(ds, study) -> tuple[dict, str, dict]:
-    label = ds.hf_id + (f"/{ds.hf_config}" if ds.hf_config else "")
+    label = hub_label(ds)
+    local = Path(ds.hf_id).is_dir()     # a local copy of the repository: no network involved
+    where = "the local copy" if local else "the Hugging Face Hub"
     how = (f"to use an offline copy set {MIRROR_ENV} (or `mirror:` in {study.path}) to a directory holding "
            f"{ds.name}/<split>.jsonl.gz (or HF_HUB_OFFLINE=1 to use the Hugging Face cache), or disable the "
            f"tasks using {ds.name} with `enabled: false`")
-    problem = _hub_unreachable()
+    problem = None if local else _hub_unreachable()
     if problem:
-        raise StageError(f"download {ds.name}: cannot load {label} from the Hugging Face Hub ({problem}); {how}")
+        raise StageError(f"download {ds.name}: cannot load {label} from {where} ({problem}); {how}")
     import datasets
 
     try:
-        loaded = datasets.load_dataset(ds.hf_id, ds.hf_config)
+        loaded = datasets.load_dataset(ds.hf_id, ds.hf_config, revision=ds.hf_revision, data_dir=ds.hf_data_dir)
     except Exception as e:  # noqa: BLE001 - offline, unknown id, gated...: all one line
-        raise StageError(f"download {ds.name}: cannot load {label} from the Hugging Face Hub "
+        if "scripts are no longer supported" in str(e):
+            raise StageError(
+                f"download {ds.name}: {label} is a loading-script dataset, which datasets "
+                f"{datasets.__version__} no longer runs; load the Hub's Parquet export instead: set "
+                f"datasets.{ds.name}.hf_revision: refs/convert/parquet and hf_data_dir: "
+                f"{ds.hf_config or 'default'} (and drop hf_config) in {study.path}") from None
+        raise StageError(f"download {ds.name}: cannot load {label} from {where} "
                          f"({type(e).__name__}: {_one_line(e)[:160]}); {how}") from None
     tables, info = {}, {}
     for split in ds.splits:
@@ -161,7 +180,7 @@ def _from_hub(ds, study) -> tuple[dict, str, dict]:
                        "source_file": ", ".join(os.path.basename(f) for f in files) or None,
                        "source_sha256": ",".join(sha256_file(f) for f in files) or None,
                        "fingerprint": getattr(d, "_fingerprint", None)}
-    return tables, f"hub:{label}", info
+    return tables, f"{'local' if local else 'hub'}:{label}", info
 
 
 # --------------------------------------------------------------------------- checks
@@ -216,6 +235,7 @@ def run(study, dataset: str) -> None:
         shutil.rmtree(cache, ignore_errors=True)
         manifest = {
             "dataset": dataset, "kind": ds.kind, "source": source, "hf_id": ds.hf_id, "hf_config": ds.hf_config,
+            "hf_revision": ds.hf_revision, "hf_data_dir": ds.hf_data_dir,
             "fields": dataset_fields(ds), "text_format": ds.text_format, "columns": columns, "splits": splits,
             "provenance": provenance(study, stage="download", dataset=dataset),
         }

@@ -164,7 +164,8 @@ def _stats(study, stage: str, task: str) -> dict:
 def _source(ds) -> str:
     if ds.generator:
         return f"generated ({ds.generator})"
-    return ds.hf_id + (f" / {ds.hf_config}" if ds.hf_config else "")
+    from ..data.download import hub_label
+    return hub_label(ds)
 
 
 def datasets_table(study) -> str:
