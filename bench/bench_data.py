@@ -2,8 +2,9 @@
 
 Builds a temporary mirror whose Multi30k train split is the real one replicated (each copy
 made distinct by a trailing marker token, so deduplication keeps it), then times the real
-stage code: `download`, `filter` (batched datasets.map, multi-process from 50k rows, vs. one
-process), SentencePiece training and the encoding of every split (multi-process vs. one).
+stage code: `download`, `filter` (batched datasets.map in one process, as the stages run by
+default, vs. PIPELINE_DATA_PROCS worker processes, default min(cores, 8)), SentencePiece
+training and the encoding of every split (one process vs. workers).
 
     python bench/bench_data.py [--mirror ../shared/datasets] [--rows 116000] [--vocab 10000]
 
@@ -99,11 +100,15 @@ def main() -> None:
         raw_rows = sum(read_parquet(f"data/bench/raw/multi30k/{s}.parquet").num_rows
                        for s in ("train", "validation", "test"))
 
-        cores = data_pkg.num_proc_for(10 ** 9) or 1
-        default_min = data_pkg.MULTIPROC_MIN_ROWS
-        data_pkg.MULTIPROC_MIN_ROWS = 10 ** 12  # one process
+        cores = int(os.environ.get(data_pkg.PROCS_ENV) or min(os.cpu_count() or 1, 8))
+        saved_procs = os.environ.get(data_pkg.PROCS_ENV)
+
+        def procs(n: int) -> None:  # how many datasets.map workers the stage code will use
+            os.environ[data_pkg.PROCS_ENV] = str(n)
+
+        procs(1)
         t_filter_1 = timed(filt.run, study, "multi30k_en_de")
-        data_pkg.MULTIPROC_MIN_ROWS = default_min
+        procs(cores)
         t_filter_n = timed(filt.run, study, "multi30k_en_de")
         filtered = read_parquet("data/bench/filtered/multi30k_en_de/train.parquet")
         texts = filtered.column("src").to_pylist() + filtered.column("tgt").to_pylist()
@@ -116,13 +121,18 @@ def main() -> None:
             for side in ("src", "tgt"):
                 bpe.encode_texts(filtered, side, str(model_file))
 
-        data_pkg.MULTIPROC_MIN_ROWS = 10 ** 12
+        procs(1)
         t_encode_1 = timed(encode_all)
-        data_pkg.MULTIPROC_MIN_ROWS = default_min
+        procs(cores)
         t_encode_n = timed(encode_all)
+        procs(1)                    # the stage as it runs by default
         t_bpe_stage = timed(bpe.run, study, "multi30k_en_de")
         stage_stats = json.loads(Path("data/bench/bpe/multi30k_en_de/stats.json").read_text())
     finally:
+        if "saved_procs" in locals():
+            os.environ.pop(data_pkg.PROCS_ENV, None)
+            if saved_procs is not None:
+                os.environ[data_pkg.PROCS_ENV] = saved_procs
         os.chdir(old_cwd)
         shutil.rmtree(work, ignore_errors=True)
 
@@ -154,12 +164,12 @@ def main() -> None:
         "",
         f"Multi30k train replicated to {train_rows:,} rows (+ validation/test); `{results['command']}`.",
         "",
-        "| step | rows / data | 1 process | multi-process |",
+        f"| step | rows / data | 1 process (the default) | {cores} `datasets.map` processes |",
         "|---|---:|---:|---:|",
         f"| filter (map + rules + Parquet) | {raw_rows:,} rows | {f['rows_per_s_1proc']:,} rows/s | {f['rows_per_s_multiproc']:,} rows/s |",
-        f"| BPE encode (src + tgt) | {n_enc:,} rows | {e['rows_per_s_1proc']:,} rows/s | {e['rows_per_s_multiproc']:,} rows/s |",
+        f"| BPE encode (src + tgt; SentencePiece threads) | {n_enc:,} rows | {e['rows_per_s_1proc']:,} rows/s | {e['rows_per_s_multiproc']:,} rows/s |",
         f"| BPE training (vocab {args.vocab}, 1 thread) | {b['mb']} MB | {b['mb_per_s']} MB/s | – |",
-        f"| whole `bpe` stage (train + encode 3 splits) | {n_enc:,} train rows | – | {results['bpe_stage_s']} s |",
+        f"| whole `bpe` stage (train + encode 3 splits) | {n_enc:,} train rows | {results['bpe_stage_s']} s | – |",
         f"| `download` (mirror → Parquet) | {raw_rows:,} rows | {results['download_s']} s | – |",
         "",
     ])

@@ -6,7 +6,7 @@
   texts are subsampled to this many with a fixed seed, in corpus order). Fixed ids
   pad=0, unk=1, bos=2, eos=3. Trained in memory with one thread: the same input and params
   give a byte-identical spm.model.
-* Every split is encoded once (batched `datasets.map`, multi-process from 50k rows) into flat
+* Every split is encoded once (batched `datasets.map`; worker processes only with PIPELINE_DATA_PROCS, see data.num_proc_for) into flat
   int32 id arrays + int64 offsets (see pipeline_src/data/tokens.py). Ids carry no BOS/EOS.
 * `max_src_tokens` / `max_tgt_tokens` drop train rows longer than that many BPE tokens (the
   original CNN/DailyMail study kept articles under 1640). `<split>.index.npy` maps each kept
@@ -115,7 +115,8 @@ def _encode_batch(batch, model_file: str, column: str):
 
 def encode_texts(table, column: str, model_file: str, desc: str = "encode") -> tuple[np.ndarray, np.ndarray]:
     """Encode one text column -> (int32 ids of all rows concatenated, int64 offsets of length n+1).
-    Batched `datasets.map`; with num_proc workers from 50k rows (the output keeps row order)."""
+    Batched `datasets.map`, in-process unless PIPELINE_DATA_PROCS asks for workers (the output
+    keeps row order either way)."""
     import datasets
     import pyarrow as pa
 

@@ -16,8 +16,8 @@ Per split, in this order:
     `dedup` (exact duplicate (src, tgt) pairs, first kept), `sample_fraction` then
     `sample_size` (uniform without replacement, seeded by `sample_seed` and the split; the
     kept rows stay in corpus order).
-Field mapping and length counting run as a batched `datasets.map` (multi-process from
-50k rows); the rules themselves are vectorised numpy masks over those lengths.
+Field mapping and length counting run as a batched `datasets.map` (worker processes only
+with PIPELINE_DATA_PROCS, see num_proc_for); the rules themselves are vectorised numpy masks over those lengths.
 """
 from __future__ import annotations
 
