@@ -391,6 +391,45 @@ def test_hub_parquet_export_from_a_local_copy(tmp_path, monkeypatch):
     assert (first["src"], first["tgt"]) == (toy_pairs(1, 0)[0]["en"], toy_pairs(1, 0)[0]["de"])
 
 
+def test_hub_repo_layouts_from_local_copies(tmp_path, monkeypatch):
+    """The two other repository layouts the real params rely on, read through the Hub code path:
+    bentrevett/multi30k (JSON Lines named train/val/test, no config: `val` must become the
+    validation split) and Salesforce/wikitext (Parquet per config, declared in the README's
+    `configs:`; hf_config picks wikitext-2-raw-v1 among several)."""
+    import pyarrow as pa
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(download, "_hub_unreachable", lambda: pytest.fail("a local copy must not touch the network"))
+    multi30k = tmp_path / "hub" / "multi30k"
+    for split, n in (("train", 40), ("val", 6), ("test", 5)):
+        (multi30k / f"{split}.jsonl").parent.mkdir(parents=True, exist_ok=True)
+        (multi30k / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in toy_pairs(n, 7)))
+    wikitext = tmp_path / "hub" / "wikitext"
+    lines = {"train": ["", " = Valkyria = \n", " The game began . \n", "", " It was released . \n"],
+             "validation": [" = Heading = \n", " A line . \n"], "test": [" Test text . \n"]}
+    configs = []
+    for config, scale in (("wikitext-2-raw-v1", 1), ("wikitext-103-raw-v1", 3)):
+        for split, texts in lines.items():
+            (wikitext / config).mkdir(parents=True, exist_ok=True)
+            pq.write_table(pa.table({"text": texts * scale}), wikitext / config / f"{split}-00000-of-00001.parquet")
+        configs.append({"config_name": config, "data_files": [
+            {"split": split, "path": f"{config}/{split}-*"} for split in lines]})
+    (wikitext / "README.md").write_text("---\n" + yaml.safe_dump({"configs": configs}, sort_keys=False) + "---\n")
+    study = make_study(tmp_path, {"multi30k": {"kind": "translation", "hf_id": str(multi30k), "fields": {"src": "en", "tgt": "de"}},
+                                  "wikitext2": {"kind": "lm", "hf_id": str(wikitext), "hf_config": "wikitext-2-raw-v1",
+                                                "fields": {"text": "text"}, "text_format": "wikitext"}},
+                       {"mt": {"kind": "translation", "dataset": "multi30k"},
+                        "lm": {"kind": "lm", "dataset": "wikitext2", "filter": {"dedup": False}}}, mirror=None)
+    download.run(study, "multi30k")
+    download.run(study, "wikitext2")
+    rows = {name: {s: v["rows"] for s, v in json.loads((tmp_path / f"data/toy/raw/{name}/manifest.json").read_text())
+                   ["splits"].items()} for name in ("multi30k", "wikitext2")}
+    assert rows == {"multi30k": {"train": 40, "validation": 6, "test": 5},
+                    "wikitext2": {"train": 5, "validation": 2, "test": 1}}
+    filt.run(study, "lm")
+    kept = pq.read_table(tmp_path / "data/toy/filtered/lm/train.parquet").column("text").to_pylist()
+    assert [t.strip() for t in kept] == ["The game began .", "It was released ."]   # blank lines, headings dropped
+
+
 def test_hub_script_dataset_names_the_parquet_export(tmp_path, monkeypatch):
     """datasets >= 4 refuses loading scripts: the error says which params keys load the Parquet export."""
     monkeypatch.chdir(tmp_path)
