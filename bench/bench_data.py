@@ -90,6 +90,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench_data."))
     old_cwd = os.getcwd()
+    saved_procs = os.environ.get(data_pkg.PROCS_ENV)
     try:
         train_rows = build_mirror(Path(args.mirror), work / "mirror", args.rows)
         params = work / "bench.yaml"
@@ -100,8 +101,7 @@ def main() -> None:
         raw_rows = sum(read_parquet(f"data/bench/raw/multi30k/{s}.parquet").num_rows
                        for s in ("train", "validation", "test"))
 
-        cores = int(os.environ.get(data_pkg.PROCS_ENV) or min(os.cpu_count() or 1, 8))
-        saved_procs = os.environ.get(data_pkg.PROCS_ENV)
+        cores = int(saved_procs or min(os.cpu_count() or 1, 8))
 
         def procs(n: int) -> None:  # how many datasets.map workers the stage code will use
             os.environ[data_pkg.PROCS_ENV] = str(n)
@@ -129,10 +129,9 @@ def main() -> None:
         t_bpe_stage = timed(bpe.run, study, "multi30k_en_de")
         stage_stats = json.loads(Path("data/bench/bpe/multi30k_en_de/stats.json").read_text())
     finally:
-        if "saved_procs" in locals():
-            os.environ.pop(data_pkg.PROCS_ENV, None)
-            if saved_procs is not None:
-                os.environ[data_pkg.PROCS_ENV] = saved_procs
+        os.environ.pop(data_pkg.PROCS_ENV, None)
+        if saved_procs is not None:
+            os.environ[data_pkg.PROCS_ENV] = saved_procs
         os.chdir(old_cwd)
         shutil.rmtree(work, ignore_errors=True)
 

@@ -142,6 +142,7 @@ def main() -> None:
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--out", default=str(OUT_DIR), help="directory for train_step.json/.md")
     args = ap.parse_args()
+    args.compile = args.compile or bool(args.compile_mode)   # a mode implies compiling
     device = torch_setup(args)
     gpu = device.type == "cuda"
     known = {**QUICK_CONFIGS, **CONFIGS}
@@ -163,7 +164,7 @@ def main() -> None:
         batch = make_batch(B, L, L, vocab, device)
         fpt = flops_per_token(ModelConfig(**cfg_kw), L, L)
         step_fns = {v: make_step(build(kind, ModelConfig(**cfg_kw, attention_impl=impl), device,
-                                                 args.compile or bool(args.compile_mode), args.compile_mode),
+                                                 args.compile, args.compile_mode),
                                  batch, device) for v, (kind, impl) in variants.items()}
         times = {v: [] for v in variants}
         for rep in range(warmup + steps):       # interleaved A/B/C: load drifts hit every variant alike
@@ -194,14 +195,14 @@ def main() -> None:
     setup = (f"batch {B} sentences × {L} source + {L} target tokens, vocab {vocab}, dropout {args.dropout}, label smoothing 0.1, "
              f"AdamW; {warmup} warm-up + {steps} timed steps per variant, interleaved; device {device}"
              f"{' (bf16 autocast)' if gpu else f', {torch.get_num_threads()} threads'}"
-             f"{', torch.compile' if args.compile or args.compile_mode else ''}"
+             f"{', torch.compile' if args.compile else ''}"
              f"{f' (mode {args.compile_mode})' if args.compile_mode else ''}"
              f"{', cuDNN SDPA off' if args.no_cudnn_sdp else ''}; {target}. tokens/s counts target tokens.")
     md = setup + "\n\n" + md_table(["config", "model", "head share", "median ms/step", "min ms", "tokens/s", "÷ ref",
                                     "MFU", "target met"], rows) + "\n" + profiles
     write_report("train_step", "Training step: ours vs torch.nn.Transformer",
                  {"device": str(device), "batch": B, "seq_len": L, "vocab": vocab, "steps": steps, "warmup": warmup,
-                  "threads": torch.get_num_threads(), "compile": args.compile or bool(args.compile_mode),
+                  "threads": torch.get_num_threads(), "compile": args.compile,
                   "compile_mode": args.compile_mode,
                   "cudnn_sdp": not args.no_cudnn_sdp, "peak_bf16_flops": peak, "cpu_target_ratio": CPU_TARGET,
                   "mfu_target": MFU_TARGET, "results": results}, md, quick=args.quick, out_dir=args.out)

@@ -72,14 +72,6 @@ def atomic_dir(path: str | Path):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def remove_outputs(*paths: str | Path) -> None:
-    for p in map(Path, paths):
-        if p.is_dir():
-            shutil.rmtree(p)
-        elif p.exists():
-            p.unlink()
-
-
 _PACKAGES = ("torch", "numpy", "sentencepiece", "sacrebleu", "rouge-score", "datasets", "pandas", "matplotlib",
              "snakemake", "dvc", "pyarrow")
 

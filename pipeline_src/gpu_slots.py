@@ -63,7 +63,3 @@ def claim_gpu(n_gpus: int | None = None, wait_s: float = 3600.0, poll_s: float =
             raise TimeoutError(f"no free GPU among {n_gpus} after {wait_s:.0f} s (locks in {lock_dir()})")
         time.sleep(poll_s)
 
-
-def release_all() -> None:
-    while _held:
-        _held.pop().close()

@@ -96,7 +96,3 @@ def dataset_fields(ds) -> dict:
 
         return {**GENERATOR_FIELDS[ds.generator], **dict(ds.fields)}
     return dict(ds.fields)
-
-
-def needed_fields(kind: str) -> tuple[str, ...]:
-    return ("text",) if kind == "lm" else ("src", "tgt")
