@@ -552,6 +552,79 @@ def test_nested_field_misnamed(tmp_path, monkeypatch):
     assert "translation.fr" in msg and "split train" in msg and "train.jsonl.gz" in msg
 
 
+# Rows whose configured fields have the wrong type: (rows of the train split, field mapping,
+# what the one-line error must contain). The Multi30k case is the one from the bug report.
+def _typed_rows(n=8):
+    return [{"en": f"a small dog {i}", "de": f"ein kleiner hund {i}"} for i in range(n)]
+
+
+def _nested_rows(n=8):
+    return [{"id": f"r{i}", "translation": {"en": f"hello {i}", "de": f"hallo {i}"}} for i in range(n)]
+
+
+def _with(rows, i, row):
+    rows = list(rows)
+    rows[i] = row
+    return rows
+
+
+MT = {"src": "en", "tgt": "de"}
+NESTED = {"src": "translation.en", "tgt": "translation.de", "id": "id"}
+BAD_TYPES = {
+    "number_and_list": (_with(_typed_rows(), 5, {"en": 3, "de": ["ein", "hund"]}), MT, ("row 6", "'en'", "a number")),
+    "list": (_with(_typed_rows(), 2, {"en": "a dog", "de": ["ein", "hund"]}), MT, ("row 3", "'de'", "a list")),
+    "object": (_with(_typed_rows(), 7, {"en": "a dog", "de": {"text": "hund"}}), MT, ("row 8", "'de'", "an object")),
+    "boolean": (_with(_typed_rows(), 0, {"en": True, "de": "hund"}), MT, ("row 1", "'en'", "true/false")),
+    "float": (_with(_typed_rows(), 4, {"en": 1.5, "de": "hund"}), MT, ("row 5", "'en'", "a number")),
+    "every_row_a_number": ([{"en": i, "de": f"hund {i}"} for i in range(8)], MT, ("row 1", "'en'", "a number")),
+    "null": (_with(_typed_rows(), 3, {"en": None, "de": "hund"}), MT, ("row 4", "'en'", "missing or null")),
+    "nested_not_an_object": (_with(_nested_rows(), 1, {"id": "x", "translation": "hello hallo"}), NESTED,
+                             ("row 2", "'translation'", "must be an object", "'en'")),
+    "nested_list": (_with(_nested_rows(), 6, {"id": "x", "translation": ["hello", "hallo"]}), NESTED,
+                    ("row 7", "'translation'", "a list")),
+    "nested_number": (_with(_nested_rows(), 3, {"id": "x", "translation": {"en": 5, "de": "hallo"}}), NESTED,
+                      ("row 4", "'translation.en'", "a number")),
+    "nested_key_missing": (_with(_nested_rows(), 5, {"id": "x", "translation": {"en": "hello"}}), NESTED,
+                           ("row 6", "'translation.de'", "missing or null")),
+    "id_object": (_with(_nested_rows(), 2, {"id": {"n": 1}, "translation": {"en": "a", "de": "b"}}), NESTED,
+                  ("row 3", "'id'", "text or an integer", "an object")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TYPES))
+def test_download_refuses_rows_of_the_wrong_type(case, tmp_path, monkeypatch):
+    rows, fields, expect = BAD_TYPES[case]
+    good = _nested_rows(3) if fields is NESTED else _typed_rows(3)
+    write_mirror(tmp_path / "mirror", "toy", {"train": rows, "validation": good, "test": good})
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, fields=fields)
+    with pytest.raises(StageError) as err:
+        download.run(study, "toy")
+    msg = one_line(err)
+    for part in ("download toy", "split train", "train.jsonl.gz", *expect):
+        assert part in msg, msg
+    assert not (tmp_path / "data/toy/raw/toy").exists() and no_temp_left(tmp_path)
+
+
+def test_download_bad_type_in_an_lm_split_and_an_integer_id(tmp_path, monkeypatch):
+    """An lm text that is a list is refused (test split, row 2); an integer id is fine."""
+    ok = [{"text": "a b c"}, {"text": ""}, {"text": "d e"}]
+    write_mirror(tmp_path / "mirror", "wiki", {"train": ok, "validation": ok,
+                                               "test": [{"text": "a"}, {"text": ["b", "c"]}]})
+    monkeypatch.chdir(tmp_path)
+    study = make_study(tmp_path, {"wiki": {"kind": "lm", "hf_id": "x/wiki", "fields": {"text": "text"}}},
+                       {"wiki_lm": {"kind": "lm", "dataset": "wiki"}})
+    with pytest.raises(StageError) as err:
+        download.run(study, "wiki")
+    msg = one_line(err)
+    assert "split test" in msg and "row 2" in msg and "'text'" in msg and "a list" in msg, msg
+    assert not (tmp_path / "data/toy/raw/wiki").exists()
+    rows = [{"id": i, "translation": {"en": f"hello {i}", "de": f"hallo {i}"}} for i in range(4)]
+    write_mirror(tmp_path / "mirror", "toy", {s: rows for s in ("train", "validation", "test")})
+    download.run(toy_study(tmp_path, fields=NESTED), "toy")
+    assert (tmp_path / "data/toy/raw/toy/manifest.json").is_file()
+
+
 def _lm_study(tmp: Path, text_format: str, rows: dict, filter_cfg=None):
     write_mirror(tmp / "mirror", "wiki", rows)
     return make_study(tmp, {"wiki": {"kind": "lm", "hf_id": "x/wiki", "fields": {"text": "text"},
