@@ -418,7 +418,8 @@ def test_hub_repo_layouts_from_local_copies(tmp_path, monkeypatch):
                                   "wikitext2": {"kind": "lm", "hf_id": str(wikitext), "hf_config": "wikitext-2-raw-v1",
                                                 "fields": {"text": "text"}, "text_format": "wikitext"}},
                        {"mt": {"kind": "translation", "dataset": "multi30k"},
-                        "lm": {"kind": "lm", "dataset": "wikitext2", "filter": {"dedup": False}}}, mirror=None)
+                        "lm": {"kind": "lm", "dataset": "wikitext2", "filter": {"dedup": False, "drop_headings": True}}},
+                       mirror=None)
     download.run(study, "multi30k")
     download.run(study, "wikitext2")
     rows = {name: {s: v["rows"] for s, v in json.loads((tmp_path / f"data/toy/raw/{name}/manifest.json").read_text())
@@ -427,7 +428,9 @@ def test_hub_repo_layouts_from_local_copies(tmp_path, monkeypatch):
                     "wikitext2": {"train": 5, "validation": 2, "test": 1}}
     filt.run(study, "lm")
     kept = pq.read_table(tmp_path / "data/toy/filtered/lm/train.parquet").column("text").to_pylist()
-    assert [t.strip() for t in kept] == ["The game began .", "It was released ."]   # blank lines, headings dropped
+    assert [t.strip() for t in kept] == ["The game began .", "It was released ."]   # asked: blank lines, headings dropped
+    valid = pq.read_table(tmp_path / "data/toy/filtered/lm/validation.parquet").column("text").to_pylist()
+    assert valid == ["= Heading =", "A line ."]   # evaluated whole
 
 
 def test_hub_script_dataset_names_the_parquet_export(tmp_path, monkeypatch):
@@ -634,22 +637,27 @@ def _lm_study(tmp: Path, text_format: str, rows: dict, filter_cfg=None):
 
 
 def test_wikitext_headings_and_blank_lines(tmp_path, monkeypatch):
+    """Train drops headings and blank lines when asked; validation and test keep every line."""
     wiki = ["", " = Valkyria Chronicles III = \n", "", " Senjo no Valkyria 3 is a game . \n", "",
             " = = Gameplay = = \n", "", " As with previous games , it is fun . \n", " = = = Plot = = = \n"]
     rows = {s: [{"text": x} for x in wiki] for s in ("train", "validation", "test")}
     monkeypatch.chdir(tmp_path)
-    study = _lm_study(tmp_path, "wikitext", rows)
+    study = _lm_study(tmp_path, "wikitext", rows, {"dedup": False, "drop_headings": True})
     download.run(study, "wiki")
     filt.run(study, "wiki_lm")
     out = tmp_path / "data/toy/filtered/wiki_lm"
-    assert pq.read_table(out / "test.parquet").to_pydict() == {
+    assert pq.read_table(out / "train.parquet").to_pydict() == {
         "text": ["Senjo no Valkyria 3 is a game .", "As with previous games , it is fun ."]}
+    assert pq.read_table(out / "test.parquet").column("text").to_pylist() == [x.strip() for x in wiki]
     stats = json.loads((out / "stats.json").read_text())
-    got = [(r["rule"], r["before"], r["after"]) for r in stats["rules"] if r["split"] == "test"]
-    assert got == [("split_lines", 9, 9), ("wikitext_blank_lines", 9, 5), ("wikitext_headings", 5, 2)]
+    got = [(r["split"], r["rule"], r["before"], r["after"]) for r in stats["rules"] if r["split"] != "validation"]
+    assert got == [("train", "split_lines", 9, 9), ("train", "drop_empty", 9, 5), ("train", "drop_headings", 5, 2),
+                   ("train", "min_src_len", 2, 2), ("test", "split_lines", 9, 9)]
+    # the denominator: 17 heading tokens + 17 text tokens + one <eos> for each of the 9 lines
+    assert stats["words"]["test"] == {"whitespace_tokens": 34, "lines": 9, "words": 43}
     bpe.run(study, "wiki_lm")
     bstats = json.loads((tmp_path / "data/toy/bpe/wiki_lm/stats.json").read_text())
-    assert bstats["words"]["test"] == 8 + 9 + 2  # whitespace words + one end of line per line
+    assert bstats["sequences"]["test"] == 9 and bstats["sequences"]["train"] == 2
     assert "tgt" not in bstats["tokens"]["test"] and bstats["tokens"]["test"]["text"] > 0
 
 
@@ -661,9 +669,11 @@ def test_lm_plain_splits_lines(tmp_path, monkeypatch):
     filt.run(study, "wiki_lm")
     out = tmp_path / "data/toy/filtered/wiki_lm"
     assert pq.read_table(out / "train.parquet").column("text").to_pylist() == ["a b c", "d e", "f", "g h"]
+    assert pq.read_table(out / "validation.parquet").column("text").to_pylist() == ["a b c", "d e", "", "f", "", "g h"]
     stats = json.loads((out / "stats.json").read_text())
-    got = [(r["rule"], r["before"], r["after"]) for r in stats["rules"] if r["split"] == "validation"]
-    assert got == [("split_lines", 3, 6), ("drop_empty", 6, 4)]
+    got = [(r["rule"], r["before"], r["after"]) for r in stats["rules"] if r["split"] in ("train", "validation")]
+    assert got == [("split_lines", 3, 6), ("drop_empty", 6, 4), ("min_src_len", 4, 4), ("split_lines", 3, 6)]
+    assert stats["words"]["validation"] == {"whitespace_tokens": 8, "lines": 6, "words": 14}
 
 
 # --------------------------------------------------------------------------- demo generators

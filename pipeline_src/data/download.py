@@ -33,7 +33,7 @@ from pathlib import Path
 from ..common import StageError, atomic_dir, atomic_write_json, progress, provenance
 from ..config import ConfigError
 from ..stages import output_path
-from . import dataset_fields, log, quiet_datasets, sha256_file, write_parquet
+from . import dataset_fields, field_column, lm_word_count, log, quiet_datasets, sha256_file, write_parquet
 
 MIRROR_ENV = "PIPELINE_DATA_MIRROR"
 
@@ -270,6 +270,19 @@ def _check(ds, study, split: str, table, origin: str) -> None:
         raise StageError(f"download {ds.name}: split {split}: file {origin}: row {row}: {what}")
 
 
+def _check_word_count(ds, study, split: str, table, origin: str) -> dict:
+    """The split's per-word perplexity denominator as published work counts it (every whitespace
+    token + one <eos> per line, see data.lm_word_count), checked against datasets.<name>.expected_words."""
+    counts = lm_word_count(field_column(table, dataset_fields(ds)["text"]).to_pylist())
+    want = ds.expected_words.get(split)
+    if want is not None and counts["words"] != want:
+        raise StageError(
+            f"download {ds.name}: split {split}: file {origin}: {counts['words']} words ({counts['whitespace_tokens']} "
+            f"whitespace tokens + {counts['lines']} lines) but datasets.{ds.name}.expected_words.{split} in "
+            f"{study.path} is {want}: not the published split (a different release or a partial copy?)")
+    return counts
+
+
 # --------------------------------------------------------------------------- stage
 
 
@@ -292,7 +305,10 @@ def run(study, dataset: str) -> None:
             tables, source, info = _from_hub(ds, study)
         splits = {}
         for split, table in tables.items():
-            _check(ds, study, split, table, info[split].get("source_file") or source)
+            origin = info[split].get("source_file") or source
+            _check(ds, study, split, table, origin)
+            if ds.kind == "lm":
+                info[split]["words"] = _check_word_count(ds, study, split, table, origin)
             path = tmp / f"{split}.parquet"
             write_parquet(table, path)
             splits[split] = {"rows": table.num_rows, "file": path.name, "sha256": sha256_file(path), **info[split]}
