@@ -150,3 +150,21 @@ def test_positions_needed_is_what_batching_feeds_the_model(kind, arch, tmp_path)
             assert model(need)(src, batch["tgt_in"]).shape[1] == batch["tgt_in"].shape[1]
             with pytest.raises(IndexError):
                 model(need - 1)(src, batch["tgt_in"])
+
+
+def test_an_unforeseen_stage_failure_is_one_line(tmp_path):
+    """A failure no check foresaw (here: a raw data directory that is a file) still ends in one
+    line naming the stage, the error and where it happened; PIPELINE_TRACEBACK=1 shows the traceback."""
+    params = tmp_path / "p.yaml"
+    params.write_text((FIXTURES / "valid_tiny.yaml").read_text())
+    (tmp_path / "data" / "tiny" / "raw").mkdir(parents=True)
+    (tmp_path / "data" / "tiny" / "raw" / "tiny_reorder").write_text("not a directory")
+    (tmp_path / "data" / "tiny" / "raw" / "tiny_reorder.tmp").write_text("not a directory either")
+    cmd = [sys.executable, "-m", "pipeline_src", "download", "--params", str(params), "--dataset", "tiny_reorder"]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "", "PIPELINE_QUIET": "1"}
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: download: "), proc.stderr
+    assert "PIPELINE_TRACEBACK=1" in lines[0]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={**env, "PIPELINE_TRACEBACK": "1"})
+    assert proc.returncode == 1 and "Traceback" in proc.stderr

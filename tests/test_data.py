@@ -7,15 +7,20 @@ go to data/<study>/... relative to it).
 from __future__ import annotations
 
 import contextlib
+import copy
 import gzip
 import hashlib
+import io
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -735,3 +740,170 @@ def test_study_params_files_are_valid():
     mirror = load_study(REPO / "workflow/studies/mirror/params.yaml")
     assert mirror.name == "mirror" and mirror.mirror == "../shared/datasets"
     assert all(t.cells == ("baseline", "pe_none") for t in mirror.tasks.values())
+
+
+# --------------------------------------------------------------------------- lm denominators per corpus kind
+# The published rule, written independently of the pipeline: AWD-LSTM's data.py (Merity et al.)
+# reads the file line by line as `line.split() + ['<eos>']` and divides the test NLL by the count.
+
+def published_count(file_text: str) -> int:
+    return sum(len(line.split()) + 1 for line in io.StringIO(file_text))
+
+
+def hub_rows(file_text: str) -> list[dict]:
+    """wiki.*.tokens -> the Hub's rows, as Salesforce/wikitext's builder made them: one row per
+    line of the file, a blank line as an empty row."""
+    return [{"text": line if line.strip() else ""} for line in io.StringIO(file_text)]
+
+
+# A small wiki.test.tokens-like split: blank lines are " ", headings " = Title = ", rare words
+# replaced by <unk>, numbers split with @,@ / @.@, as in the released files.
+WIKI_TOKENS = {
+    "test": (" \n = Robert Boulter = \n \n"
+             " Robert Boulter is an English film , television and theatre actor . He had a guest @-@ starring role in 2000 . \n"
+             " \n = = Career = = \n \n \n = = = 2000 – 2005 = = = \n \n"
+             " In 2000 Boulter had a role on the series The Bill ; he played \" Scott <unk> \" in the episode . \n"
+             " He was cast in the 2003 play <unk> , which was performed at the Royal Court Theatre . \n \n"
+             " = = = 2006 – present = = = \n \n"
+             " In 2006 , Boulter starred in the play <unk> by Mark <unk> . It ran for 1 @,@ 000 nights . \n \n"),
+    "validation": (" \n = Homarus gammarus = \n \n"
+                   " Homarus gammarus is a species of <unk> lobster from the eastern Atlantic Ocean . \n \n"
+                   " = = Description = = \n \n"
+                   " It may grow to a length of 60 cm ( 24 in ) and a mass of 6 @.@ 5 kilograms . \n \n"),
+}
+# The raw release keeps the words the tokenised one maps to <unk>: one token for one.
+UNK_WORDS = iter(["Parry", "Herons", "Kedge", "Ravenhill", "decapod"] * 4)
+WIKI_RAW = {s: "".join(next(UNK_WORDS) if part == "<unk>" else part
+                       for part in re.split(r"(<unk>)", text)) for s, text in WIKI_TOKENS.items()}
+WIKI_TRAIN = (WIKI_TOKENS["test"] + WIKI_TOKENS["validation"] + WIKI_RAW["test"]) * 3
+
+LM_TINY = {"model": {"arch": "decoder_only", "d_model": 16, "n_heads": 2, "dec_layers": 1, "d_ff": 32, "max_len": 32},
+           "train": {"max_steps": 4, "batch_tokens": 128, "lm_seq_len": 16, "eval_every": 4, "warmup_steps": 1,
+                     "label_smoothing": 0.0},
+           "eval": {"n_samples": 2}}
+
+
+def _run_lm(tmp: Path, splits: dict, text_format: str, filter_cfg: dict, expected: dict | None = None,
+            vocab: int = 120, field: str = "text") -> tuple[dict, dict]:
+    """download -> filter -> bpe -> train (4 steps) -> evaluate a tiny lm; (eval metrics, filter stats)."""
+    from pipeline_src import evaluate, train
+
+    write_mirror(tmp / "mirror", "corpus", splits)
+    ds = {"kind": "lm", "hf_id": "x/corpus", "fields": {"text": field}, "text_format": text_format}
+    if expected:
+        ds["expected_words"] = expected
+    study = make_study(tmp, {"corpus": ds}, {"lm": {"kind": "lm", "dataset": "corpus", "filter": filter_cfg,
+                                                    "bpe": {"vocab_size": vocab}, **copy.deepcopy(LM_TINY)}})
+    download.run(study, "corpus")
+    filt.run(study, "lm")
+    bpe.run(study, "lm")
+    train.run(study, "lm", "baseline", 0)
+    evaluate.run(study, "lm", "baseline", 0)
+    ev = json.loads((tmp / "data/toy/eval/lm/baseline/seed0/eval_metrics.json").read_text())
+    ev["per_example"] = pd.read_csv(tmp / "data/toy/eval/lm/baseline/seed0/outputs/per_example.tsv", sep="\t")
+    return ev, json.loads((tmp / "data/toy/filtered/lm/stats.json").read_text())
+
+
+def _assert_denominator(ev: dict, split: str, want: int, bpe_dir: Path) -> None:
+    short = "val" if split == "validation" else "test"
+    m, rows = ev["metrics"], ev["per_example"][ev["per_example"]["split"] == split]
+    assert m[f"{short}_words"] == want
+    assert int(rows["words"].sum()) == want  # the paired tests resample the same count
+    # The NLL covers every token of the split: each line's BPE tokens and its <eos>, the first one too.
+    lines = load_sequences(bpe_dir, split, "text")
+    assert int(rows["tokens"].sum()) == sum(len(x) for x in lines) + len(lines) and len(rows) == len(lines)
+    nll = float(rows["nll"].sum())
+    assert m[f"{short}_ppl_word"] == pytest.approx(math.exp(nll / want), rel=1e-5)
+    assert m[f"{short}_ppl"] == pytest.approx(math.exp(nll / rows["tokens"].sum()), rel=1e-5)
+
+
+def test_wikitext_denominator_is_the_published_count(tmp_path, monkeypatch):
+    """WikiText: every whitespace token, headings included, + one <eos> per line, blank lines
+    included, although training drops headings and blank lines (asked for here)."""
+    monkeypatch.chdir(tmp_path)
+    splits = {"train": hub_rows(WIKI_TRAIN), **{s: hub_rows(t) for s, t in WIKI_TOKENS.items()}}
+    want = {s: published_count(t) for s, t in WIKI_TOKENS.items()}
+    body_only = sum(len(x.split()) + 1 for x in WIKI_TOKENS["test"].splitlines() if x.strip() and not x.strip().startswith("="))
+    assert want["test"] == 127 and body_only == 87  # the filtered rows (the old denominator) are far off
+    ev, stats = _run_lm(tmp_path, splits, "wikitext", {"dedup": False, "drop_headings": True}, expected=want)
+    assert stats["words"]["test"] == {"whitespace_tokens": 110, "lines": 17, "words": want["test"]}
+    for split in ("validation", "test"):
+        _assert_denominator(ev, split, want[split], tmp_path / "data/toy/bpe/lm")
+    assert [s["source"] for s in ev["samples"]] == ["= Robert Boulter =", "Robert Boulter is an"]  # blank lines skipped
+
+
+def test_wikitext_raw_release_has_the_tokenised_count(tmp_path, monkeypatch):
+    """wikitext-2-raw-v1 (params.yaml) differs from wikitext-2-v1 only by keeping the words the
+    latter replaces with <unk>, one token for one: counted the same way, its per-word perplexity
+    is divided by the same 245,569 for the real test split."""
+    from pipeline_src.data import lm_word_count
+
+    for split in ("validation", "test"):
+        assert WIKI_RAW[split] != WIKI_TOKENS[split] and "<unk>" not in WIKI_RAW[split]
+        raw = lm_word_count(r["text"] for r in hub_rows(WIKI_RAW[split]))
+        assert raw == lm_word_count(r["text"] for r in hub_rows(WIKI_TOKENS[split]))
+        assert raw["words"] == published_count(WIKI_TOKENS[split])
+    monkeypatch.chdir(tmp_path)
+    splits = {"train": hub_rows(WIKI_TRAIN), **{s: hub_rows(t) for s, t in WIKI_RAW.items()}}
+    ev, _ = _run_lm(tmp_path, splits, "wikitext", {"min_src_len": 0, "drop_empty": False, "dedup": False})
+    _assert_denominator(ev, "test", published_count(WIKI_TOKENS["test"]), tmp_path / "data/toy/bpe/lm")
+
+
+def test_expected_word_count_is_checked_at_download(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_mirror(tmp_path / "mirror", "corpus", {s: hub_rows(WIKI_TOKENS["test"]) for s in ("train", "validation", "test")})
+    study = make_study(tmp_path, {"corpus": {"kind": "lm", "hf_id": "x/corpus", "fields": {"text": "text"},
+                                             "text_format": "wikitext", "expected_words": {"test": 245569}}},
+                       {"lm": {"kind": "lm", "dataset": "corpus"}})
+    with pytest.raises(StageError) as err:
+        download.run(study, "corpus")
+    msg = one_line(err)
+    for part in ("download corpus", "split test", "test.jsonl.gz", "127 words (110 whitespace tokens + 17 lines)",
+                 "datasets.corpus.expected_words.test", "245569"):
+        assert part in msg, msg
+    assert not (tmp_path / "data/toy/raw/corpus").exists() and no_temp_left(tmp_path)
+
+
+def test_ptb_style_denominator(tmp_path, monkeypatch):
+    """PTB: one sentence per row, <unk> and N tokens, no blank lines: words + one <eos> per sentence."""
+    sents = ["no it was n't black monday", "but while the new york stock exchange did n't fall apart",
+             "some of the <unk> stocks fell N N", "the <unk> index rose N to N"]
+    rows = [{"sentence": s} for s in sents]
+    monkeypatch.chdir(tmp_path)
+    want = published_count("".join(s + "\n" for s in sents))
+    assert want == 6 + 11 + 8 + 7 + 4
+    splits = {"train": rows * 20, "validation": rows[:2], "test": rows}
+    ev, _ = _run_lm(tmp_path, splits, "plain", {"dedup": False, "sample_size": 30}, expected={"test": want},
+                    vocab=60, field="sentence")
+    _assert_denominator(ev, "test", want, tmp_path / "data/toy/bpe/lm")
+
+
+def test_plain_text_denominator(tmp_path, monkeypatch):
+    """Plain multi-line rows: every line of every row, blank and whitespace-only lines included,
+    one <eos> each; train drops blank lines (drop_empty), evaluation keeps them."""
+    docs = ["a cat sat on the mat .\nthe dog ran .\n\nbirds fly south", "   ", "one more line here\n"]
+    text = "".join(d if d.endswith("\n") else d + "\n" for d in docs)  # the same text as a file
+    want = published_count(text)
+    assert want == 18 + 6
+    monkeypatch.chdir(tmp_path)
+    ev, stats = _run_lm(tmp_path, {"train": [{"text": d} for d in docs * 30], "validation": [{"text": d} for d in docs],
+                                   "test": [{"text": d} for d in docs]}, "plain", {"dedup": False}, vocab=40)
+    assert stats["words"]["test"] == {"whitespace_tokens": 18, "lines": 6, "words": want}
+    assert stats["rows"]["train"] == 30 * 4 and stats["rows"]["test"] == 6
+    _assert_denominator(ev, "test", want, tmp_path / "data/toy/bpe/lm")
+
+
+@pytest.mark.skipif(not (REPO.parent / "shared/datasets/ptb/test.jsonl.gz").is_file(),
+                    reason="the shared offline mirror (../shared/datasets) is not beside the checkout")
+def test_ptb_mirror_counts_are_the_published_ones(tmp_path, monkeypatch):
+    """The real PTB test split: 82,430 words incl. <eos> (73,760 validation), counted on the raw rows."""
+    monkeypatch.chdir(tmp_path)
+    study = make_study(tmp_path, {"ptb": {"kind": "lm", "hf_id": "ptb_text_only", "fields": {"text": "sentence"},
+                                          "expected_words": {"validation": 73760, "test": 82430}}},
+                       {"ptb": {"kind": "lm", "dataset": "ptb", "filter": {"dedup": False, "sample_size": 500}}},
+                       mirror=str(REPO.parent / "shared/datasets"))
+    download.run(study, "ptb")
+    filt.run(study, "ptb")
+    stats = json.loads((tmp_path / "data/toy/filtered/ptb/stats.json").read_text())
+    assert stats["words"]["test"] == {"whitespace_tokens": 78669, "lines": 3761, "words": 82430}
+    assert stats["words"]["validation"]["words"] == 73760 and stats["rows"]["test"] == 3761
