@@ -907,3 +907,10 @@ def test_ptb_mirror_counts_are_the_published_ones(tmp_path, monkeypatch):
     stats = json.loads((tmp_path / "data/toy/filtered/ptb/stats.json").read_text())
     assert stats["words"]["test"] == {"whitespace_tokens": 78669, "lines": 3761, "words": 82430}
     assert stats["words"]["validation"]["words"] == 73760 and stats["rows"]["test"] == 3761
+
+
+def test_report_table_states_the_word_denominator():
+    from pipeline_src.report.tables import _word_note
+
+    assert "82,430 words" in _word_note(pd.DataFrame({"test_words_mean": [82430.0, 82430.0]}))
+    assert "words:" not in _word_note(pd.DataFrame({"test_ppl_mean": [1.0]}))  # older metrics: no number invented
