@@ -353,8 +353,9 @@ def positions_needed(kind: str, arch: str, train: TrainConfig) -> tuple[int, str
 def _check_positions(study: Study, task: str, cell: CellConfig) -> None:
     # Learned and sinusoidal tables have max_len rows: a longer sequence is an IndexError in the
     # first batch. RoPE and no encoding have no table, but max_len is still the model's declared
-    # context (decoding is clipped to it), and a positional-encoding ablation compares cells that
-    # must see the same sequences; so the rule is the same for every encoding.
+    # context, and a positional-encoding ablation compares cells that differ in the encoding
+    # only: a cell that passed only because its encoding has no table would be the odd one out.
+    # So the rule is the same for every encoding (raising max_len costs rope/none nothing).
     need, how, keys = positions_needed(cell.kind, cell.model["arch"], cell.train)
     have = cell.model["max_len"]
     if need > have:

@@ -121,8 +121,18 @@ def lm_word_count(values) -> dict:
     PTB test: 78,669 + 3,761 = 82,430; WikiText-2 test: 245,569 (raw and tokenised releases alike:
     the raw one only keeps the words the tokenised one maps to <unk>, one token for one)."""
     tokens = lines = 0
-    for value in values:
+    for value in _texts(values):
         for line in split_lines(value):
             tokens += len(line.split())
             lines += 1
     return {"whitespace_tokens": tokens, "lines": lines, "words": tokens + lines}
+
+
+def _texts(values, step: int = 1 << 16):
+    """The values of a list or an Arrow column, an Arrow column a slice at a time (a large
+    corpus is never turned into one Python list)."""
+    if not hasattr(values, "slice"):
+        yield from values
+        return
+    for start in range(0, len(values), step):
+        yield from values.slice(start, step).to_pylist()

@@ -273,7 +273,7 @@ def _check(ds, study, split: str, table, origin: str) -> None:
 def _check_word_count(ds, study, split: str, table, origin: str) -> dict:
     """The split's per-word perplexity denominator as published work counts it (every whitespace
     token + one <eos> per line, see data.lm_word_count), checked against datasets.<name>.expected_words."""
-    counts = lm_word_count(field_column(table, dataset_fields(ds)["text"]).to_pylist())
+    counts = lm_word_count(field_column(table, dataset_fields(ds)["text"]))
     want = ds.expected_words.get(split)
     if want is not None and counts["words"] != want:
         raise StageError(

@@ -221,7 +221,7 @@ def run(study, task: str) -> None:
             table = read_parquet(origin)
             n_in += table.num_rows
             if t.kind == "lm":  # the per-word denominator, counted on the raw rows
-                words[split] = lm_word_count(field_column(table, fields["text"]).to_pylist())
+                words[split] = lm_word_count(field_column(table, fields["text"]))
             kept, recs = filter_split(
                 table, task=task, dataset=t.dataset, kind=t.kind, split=split, origin=origin, fields=fields,
                 cfg=t.filter, text_format=ds.text_format,
