@@ -50,6 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     except StageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Exception as e:  # noqa: BLE001 - anything unforeseen is still one line
+        if os.environ.get("PIPELINE_TRACEBACK") == "1":
+            raise
+        import traceback
+
+        frames = traceback.extract_tb(e.__traceback__)
+        ours = [f for f in frames if os.sep + "pipeline_src" + os.sep in f.filename] or frames
+        where = f"{os.path.relpath(ours[-1].filename, os.path.dirname(os.path.dirname(__file__)))}:{ours[-1].lineno}"
+        print(f"error: {args.stage}: {type(e).__name__}: {' '.join(str(e).split())[:300]} (in {where}; "
+              f"PIPELINE_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return 1
 
 
 def _run(args, study) -> int | None:

@@ -84,6 +84,7 @@ class FilterConfig:
     max_tgt_len: int | None = None
     max_ratio: float | None = None
     drop_empty: bool = True
+    drop_headings: bool = False  # WikiText ` = Heading = ` lines, train (splits_to_filter) only
     dedup: bool = True
     sample_fraction: float = 1.0
     sample_size: int | None = None
@@ -114,6 +115,9 @@ class DatasetConfig:
     splits: dict = field(default_factory=lambda: {s: s for s in SPLITS})
     fields: dict = field(default_factory=dict)
     text_format: str = "plain"
+    # lm only: the published per-word count of a split (whitespace tokens + one <eos> per line),
+    # checked against the raw split at download, e.g. {test: 245569} for WikiText-2.
+    expected_words: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -320,4 +324,87 @@ def load_study(path: str | Path) -> Study:
     for name, task in tasks.items():
         for c in task.cells:  # resolve every cell now, so a bad combination fails before any stage runs
             study.cell(name, c)
+    check_consistency(study)
     return study
+
+
+# ---------------------------------------------------------------------------------------------
+# Cross-field consistency: combinations the schema cannot see that would otherwise fail only at
+# run time, often after download, filter and BPE have run (on a GPU study: found late).
+
+
+def positions_needed(kind: str, arch: str, train: TrainConfig) -> tuple[int, str, str]:
+    """(the most positions one sequence of a cell occupies, how, the keys that set it).
+
+    Every split is cut to the train caps before the model sees it (batching.load_seq2seq: source
+    to max_src_len incl. EOS, decoder input BOS + target to max_tgt_len; lm windows of lm_seq_len).
+    BPE's max_*_tokens only drop long *train* rows, so validation and test rows still reach the
+    train caps: the caps, not the BPE or filter limits, bound the positions."""
+    if kind == "lm":
+        return train.lm_seq_len, "train.lm_seq_len", "train.lm_seq_len"
+    if arch == "decoder_only":  # one sequence: source + EOS, BOS, target (the input drops the last EOS)
+        return (train.max_src_len + train.max_tgt_len,
+                f"decoder-only reads source and target as one sequence: train.max_src_len {train.max_src_len} "
+                f"+ train.max_tgt_len {train.max_tgt_len}", "train.max_src_len / train.max_tgt_len")
+    key = "train.max_src_len" if train.max_src_len >= train.max_tgt_len else "train.max_tgt_len"
+    return max(train.max_src_len, train.max_tgt_len), key, key
+
+
+def _check_positions(study: Study, task: str, cell: CellConfig) -> None:
+    # Learned and sinusoidal tables have max_len rows: a longer sequence is an IndexError in the
+    # first batch. RoPE and no encoding have no table, but max_len is still the model's declared
+    # context, and a positional-encoding ablation compares cells that differ in the encoding
+    # only: a cell that passed only because its encoding has no table would be the odd one out.
+    # So the rule is the same for every encoding (raising max_len costs rope/none nothing).
+    need, how, keys = positions_needed(cell.kind, cell.model["arch"], cell.train)
+    have = cell.model["max_len"]
+    if need > have:
+        raise ConfigError(
+            f"{study.path}: cells.{cell.cell} (task {task}): model.max_len: {have} is below the {need} positions "
+            f"a sequence may take ({how}; {cell.model['arch']}, pos_encoding {cell.model['pos_encoding']}); "
+            f"raise tasks.{task}.model.max_len to {need} or lower tasks.{task}.{keys}")
+
+
+def _check_dataset(where: str, ds: DatasetConfig) -> None:
+    key = f"{where}: datasets.{ds.name}"
+    missing = [s for s in SPLITS if s not in ds.splits]
+    if missing:  # train trains, validation selects the checkpoint, test is reported: all are read
+        raise ConfigError(f"{key}.splits: needs train, validation and test (missing: {', '.join(missing)})")
+    if ds.generator:
+        missing = [s for s in SPLITS if s not in ds.generator_rows]
+        if missing:
+            raise ConfigError(f"{key}.generator_rows: needs a row count for train, validation and test "
+                              f"(missing: {', '.join(missing)})")
+    if ds.kind != "lm":
+        for k, v in (("text_format", ds.text_format != "plain"), ("expected_words", bool(ds.expected_words))):
+            if v:
+                raise ConfigError(f"{key}.{k}: only applies to a language-modelling (kind: lm) dataset, "
+                                  f"this one is {ds.kind}")
+
+
+def _check_filter(where: str, task: TaskConfig, ds: DatasetConfig) -> None:
+    f, key = task.filter, f"{where}: tasks.{task.name}.filter"
+    for side in ("src", "tgt"):
+        low, high = getattr(f, f"min_{side}_len"), getattr(f, f"max_{side}_len")
+        if high is not None and low > high:
+            raise ConfigError(f"{key}.min_{side}_len: {low} is above max_{side}_len {high}; "
+                              f"the filter would remove every row")
+    if f.drop_headings and ds.text_format != "wikitext":
+        raise ConfigError(f"{key}.drop_headings: needs datasets.{ds.name}.text_format: wikitext "
+                          f"(it is {ds.text_format})")
+    if task.kind == "lm":
+        evaluated = [s for s in f.splits_to_filter if s != "train"]
+        if evaluated:
+            raise ConfigError(
+                f"{key}.splits_to_filter: {', '.join(evaluated)} of an lm task cannot be filtered: validation and "
+                f"test are evaluated whole, every line, as published per-word perplexities are; filter train only")
+
+
+def check_consistency(study: Study) -> None:
+    """Raise ConfigError (one line naming the keys) for a combination that cannot run."""
+    for ds in study.datasets.values():
+        _check_dataset(study.path, ds)
+    for name, task in study.tasks.items():
+        _check_filter(study.path, task, study.datasets[task.dataset])
+        for c in task.cells:
+            _check_positions(study, name, study.cell(name, c))

@@ -1,7 +1,10 @@
 """Evaluate one trained task x cell x seed.
 
 Perplexity on validation and test (per BPE token; for language modelling also per word, so the
-number compares with published PTB/WikiText figures). Translation: beam search on the test set,
+number compares with published PTB/WikiText figures: the NLL covers every line of the split,
+blank lines and WikiText headings included, each line's <eos> too, and is divided by the split's
+word count as that work counts it, from the raw rows: every whitespace token plus one <eos> per
+line; PTB test 82,430, WikiText-2 test 245,569; see data.lm_word_count). Translation: beam search on the test set,
 SentencePiece detokenization, BLEU and chrF with sacrebleu (signatures saved). Summarisation:
 ROUGE-1/2/Lsum F1 with rouge-score and bootstrap 95 % intervals, beside the lead-3 baseline on
 the same articles. Per-example NLLs and scores are saved for the aggregate stage's paired tests.
@@ -20,7 +23,7 @@ import torch.nn.functional as F
 from . import batching, metrics
 from .common import StageError, atomic_dir, atomic_write_json, progress, provenance, seed_everything
 from .config import Study
-from .data.tokens import PAD, load_spm
+from .data.tokens import EOS, PAD, load_spm
 from .model import beam_search
 from .stages import output_path
 from .train import autocast, load_trained_model, select_device
@@ -44,8 +47,12 @@ def seq2seq_nll(model, data: batching.Seq2SeqData, arch: str, batch_tokens: int,
 
 @torch.no_grad()
 def lm_nll(model, stream: np.ndarray, line_ends: np.ndarray, seq_len: int, rows: int, device, precision: str):
-    """Per-line summed NLL and token count over the token stream (every token after the first
-    is predicted exactly once, with up to seq_len tokens of context)."""
+    """Per-line summed NLL and token count (the line's BPE tokens + its EOS) over the token stream.
+
+    An EOS is put before the stream as context, as if a line had just ended, so that every token
+    of the split is predicted exactly once (the first one too), with up to seq_len tokens of context."""
+    stream = np.concatenate([[EOS], stream])
+    line_ends = line_ends + 1
     token_nll = np.zeros(len(stream))
     starts = batching.lm_windows(stream, seq_len)
     for idx in batching.lm_batches(len(starts), rows, seed=None):
@@ -57,11 +64,24 @@ def lm_nll(model, stream: np.ndarray, line_ends: np.ndarray, seq_len: int, rows:
         for row, w in enumerate(idx):
             n = min(seq_len, len(stream) - 1 - starts[w])
             token_nll[starts[w] + 1: starts[w] + 1 + n] = loss[row, :n]
-    bounds = np.concatenate([[0], line_ends])
+    bounds = np.concatenate([[1], line_ends])  # token 0 is the context EOS, never predicted
     per_line = np.add.reduceat(token_nll, bounds[:-1]) if len(line_ends) else np.zeros(0)
-    counts = np.diff(bounds)
-    counts[0] -= 1  # the stream's first token is never predicted
-    return per_line, counts
+    return per_line, np.diff(bounds)
+
+
+def _word_denominator(study: Study, task: str, split: str, lines: int, words_read: int) -> int:
+    """The split's per-word denominator, counted by the filter stage on the raw rows as published
+    PTB/WikiText results count it; refused unless the NLL just computed covers that whole split."""
+    path = Path(output_path("filter", "filtered", study=study.name, task=task)) / "stats.json"
+    counted = (json.loads(path.read_text()).get("words") or {}).get(split)
+    if counted is None:
+        raise StageError(f"evaluate {task}: {path}: no word count for split {split}; rerun filter --task {task}")
+    if (lines, words_read) != (counted["lines"], counted["words"]):
+        raise StageError(
+            f"evaluate {task}: split {split}: the evaluated text has {lines} lines / {words_read} words but the raw "
+            f"split has {counted['lines']} / {counted['words']} ({path}): the perplexity would not cover the whole "
+            f"split; rerun filter and bpe --task {task}")
+    return int(counted["words"])
 
 
 def _references(study: Study, task: str, split: str, bpe_dir: Path) -> pd.DataFrame:
@@ -117,17 +137,17 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     files: dict[str, str] = {}
 
     if cell.kind == "lm":
-        stats = json.loads((bpe_dir / "stats.json").read_text())
         rows = max(1, t.batch_tokens // t.lm_seq_len)
         for split in ("validation", "test"):
             stream, ends = batching.load_lm_stream(bpe_dir, split)
             nll, count = lm_nll(model, stream, ends, t.lm_seq_len, rows, device, t.precision)
-            words = stats["words"][split]
+            line_words = [len(str(x).split()) + 1 for x in _references(study, task, split, bpe_dir)["text"]]
+            words = _word_denominator(study, task, split, len(ends), sum(line_words))
             short = "val" if split == "validation" else "test"
             result[f"{short}_loss"] = float(nll.sum() / count.sum())
             result[f"{short}_ppl"] = metrics.perplexity(float(nll.sum()), int(count.sum()))
-            result[f"{short}_ppl_word"] = metrics.perplexity(float(nll.sum()), int(words))
-            line_words = [len(str(x).split()) + 1 for x in _references(study, task, split, bpe_dir)["text"]]
+            result[f"{short}_ppl_word"] = metrics.perplexity(float(nll.sum()), words)
+            result[f"{short}_words"] = words  # the denominator, stated beside the figure
             per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
                             for i, (a, b, w) in enumerate(zip(nll, count, line_words))]
         if not cell.leaks_future:
@@ -189,13 +209,15 @@ def _lines(texts: list[str]) -> str:
 
 @torch.no_grad()
 def _lm_samples(model, sp, lines, n: int, device, prefix_words: int = 4, new_tokens: int = 16) -> list[dict]:
-    """Greedy continuations of the first words of a few test lines."""
+    """Greedy continuations of the first words of a few test lines (blank lines skipped; the
+    prompt and continuation stay within the model's max_len positions)."""
     out = []
-    for line in list(lines)[:n]:
+    max_len = model.cfg.max_len
+    for line in [x for x in lines if str(x).split()][:n]:
         words = str(line).split()
         prompt = " ".join(words[:prefix_words])
-        ids = torch.tensor([sp.encode(prompt)], device=device)
-        for _ in range(new_tokens):
+        ids = torch.tensor([sp.encode(prompt)[: max_len - 1]], device=device)
+        for _ in range(min(new_tokens, max_len - ids.size(1))):
             nxt = model(None, ids)[0, -1].argmax()
             if int(nxt) == model.cfg.eos_id:
                 break

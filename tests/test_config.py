@@ -64,3 +64,107 @@ def test_leaking_cell_is_marked():
     study = load_study(ROOT / "workflow/studies/demo/params.yaml")
     assert study.cell("grammar", "encoder_only").leaks_future
     assert not study.cell("grammar", "baseline").leaks_future
+
+
+# --------------------------------------------------------------------------- cross-field: positions
+
+import copy  # noqa: E402
+
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+
+from pipeline_src.config import positions_needed  # noqa: E402
+
+CAPS = {"max_src_len": 40, "max_tgt_len": 30, "lm_seq_len": 48}
+NEED = {("translation", "encoder_decoder"): 40, ("translation", "decoder_only"): 70,
+        ("lm", "decoder_only"): 48, ("lm", "encoder_only"): 48}
+
+
+def _positions_study(tmp_path, kind: str, arch: str, pos: str, max_len: int) -> Path:
+    raw = yaml.safe_load((FIXTURES / "valid_tiny.yaml").read_text())
+    if kind == "lm":
+        raw["datasets"] = {"g": {"kind": "lm", "generator": "grammar"}}
+        raw["tasks"]["reorder"].update(kind="lm", dataset="g")
+    raw["tasks"]["reorder"]["model"].update(arch=arch, max_len=max_len)
+    raw["tasks"]["reorder"]["train"].update(CAPS)
+    raw["cells"]["cell"] = {"family": "x", "model": {"pos_encoding": pos}}
+    raw["tasks"]["reorder"]["cells"] = ["cell"]
+    path = tmp_path / f"{kind}_{arch}_{pos}_{max_len}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize("pos", ["sinusoidal", "learned", "none", "rope"])
+@pytest.mark.parametrize("kind,arch", list(NEED))
+def test_max_len_is_checked_for_every_encoding_and_architecture(kind, arch, pos, tmp_path):
+    need = NEED[(kind, arch)]
+    assert load_study(_positions_study(tmp_path, kind, arch, pos, need)).cell("reorder", "cell").model["max_len"] == need
+    with pytest.raises(ConfigError) as err:
+        load_study(_positions_study(tmp_path, kind, arch, pos, need - 1))
+    msg = str(err.value)
+    assert "\n" not in msg and "cells.cell (task reorder): model.max_len" in msg and f"{need} positions" in msg, msg
+    assert f"pos_encoding {pos}" in msg and ("lm_seq_len" if kind == "lm" else "max_src_len") in msg, msg
+
+
+def _write_split(bpe_dir: Path, split: str, side: str, seqs: list[list[int]]) -> None:
+    ids = np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs])
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
+    np.save(bpe_dir / f"{split}.{side}.ids.npy", ids)
+    np.save(bpe_dir / f"{split}.{side}.offsets.npy", offsets)
+
+
+@pytest.mark.parametrize("kind,arch", list(NEED))
+def test_positions_needed_is_what_batching_feeds_the_model(kind, arch, tmp_path):
+    """The bound the config check uses is exact: over-long rows, cut by the real batching code,
+    fill exactly that many positions; a learned/sinusoidal table one row shorter fails."""
+    import torch
+
+    from pipeline_src import batching
+    from pipeline_src.config import TrainConfig
+    from pipeline_src.model import ModelConfig, Transformer
+
+    train = TrainConfig(**CAPS)
+    need = positions_needed(kind, arch, train)[0]
+    assert need == NEED[(kind, arch)]
+    long = [list(range(4, 4 + 90)), list(range(4, 14))]  # longer than every cap, and a short row
+    if kind == "lm":
+        _write_split(tmp_path, "test", "text", long)
+        stream, _ = batching.load_lm_stream(tmp_path, "test")
+        starts = batching.lm_windows(stream, train.lm_seq_len)
+        batch = batching.collate_lm(stream, starts, list(range(len(starts))), train.lm_seq_len)
+        src, width = None, batch["tgt_in"].shape[1]
+    else:
+        _write_split(tmp_path, "test", "src", long)
+        _write_split(tmp_path, "test", "tgt", long)
+        data = batching.load_seq2seq(tmp_path, "test", train.max_src_len, train.max_tgt_len)
+        batch = batching.collate_seq2seq(data, [0, 1], arch)
+        src = batch["src"]
+        width = max(batch["tgt_in"].shape[1], 0 if src is None else src.shape[1])
+    assert width == need
+    for pos in ("learned", "sinusoidal"):
+        def model(max_len):
+            torch.manual_seed(0)
+            return Transformer(ModelConfig(vocab_size=100, arch=arch, d_model=8, n_heads=2, enc_layers=1, dec_layers=1,
+                                           d_ff=16, pos_encoding=pos, max_len=max_len)).eval()
+        with torch.no_grad():
+            assert model(need)(src, batch["tgt_in"]).shape[1] == batch["tgt_in"].shape[1]
+            with pytest.raises(IndexError):
+                model(need - 1)(src, batch["tgt_in"])
+
+
+def test_an_unforeseen_stage_failure_is_one_line(tmp_path):
+    """A failure no check foresaw (here: a raw data directory that is a file) still ends in one
+    line naming the stage, the error and where it happened; PIPELINE_TRACEBACK=1 shows the traceback."""
+    params = tmp_path / "p.yaml"
+    params.write_text((FIXTURES / "valid_tiny.yaml").read_text())
+    (tmp_path / "data" / "tiny" / "raw").mkdir(parents=True)
+    (tmp_path / "data" / "tiny" / "raw" / "tiny_reorder").write_text("not a directory")
+    (tmp_path / "data" / "tiny" / "raw" / "tiny_reorder.tmp").write_text("not a directory either")
+    cmd = [sys.executable, "-m", "pipeline_src", "download", "--params", str(params), "--dataset", "tiny_reorder"]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "", "PIPELINE_QUIET": "1"}
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env=env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: download: "), proc.stderr
+    assert "PIPELINE_TRACEBACK=1" in lines[0]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={**env, "PIPELINE_TRACEBACK": "1"})
+    assert proc.returncode == 1 and "Traceback" in proc.stderr

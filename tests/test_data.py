@@ -7,15 +7,20 @@ go to data/<study>/... relative to it).
 from __future__ import annotations
 
 import contextlib
+import copy
 import gzip
 import hashlib
+import io
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -418,7 +423,8 @@ def test_hub_repo_layouts_from_local_copies(tmp_path, monkeypatch):
                                   "wikitext2": {"kind": "lm", "hf_id": str(wikitext), "hf_config": "wikitext-2-raw-v1",
                                                 "fields": {"text": "text"}, "text_format": "wikitext"}},
                        {"mt": {"kind": "translation", "dataset": "multi30k"},
-                        "lm": {"kind": "lm", "dataset": "wikitext2", "filter": {"dedup": False}}}, mirror=None)
+                        "lm": {"kind": "lm", "dataset": "wikitext2", "filter": {"dedup": False, "drop_headings": True}}},
+                       mirror=None)
     download.run(study, "multi30k")
     download.run(study, "wikitext2")
     rows = {name: {s: v["rows"] for s, v in json.loads((tmp_path / f"data/toy/raw/{name}/manifest.json").read_text())
@@ -427,7 +433,9 @@ def test_hub_repo_layouts_from_local_copies(tmp_path, monkeypatch):
                     "wikitext2": {"train": 5, "validation": 2, "test": 1}}
     filt.run(study, "lm")
     kept = pq.read_table(tmp_path / "data/toy/filtered/lm/train.parquet").column("text").to_pylist()
-    assert [t.strip() for t in kept] == ["The game began .", "It was released ."]   # blank lines, headings dropped
+    assert [t.strip() for t in kept] == ["The game began .", "It was released ."]   # asked: blank lines, headings dropped
+    valid = pq.read_table(tmp_path / "data/toy/filtered/lm/validation.parquet").column("text").to_pylist()
+    assert valid == ["= Heading =", "A line ."]   # evaluated whole
 
 
 def test_hub_script_dataset_names_the_parquet_export(tmp_path, monkeypatch):
@@ -552,6 +560,79 @@ def test_nested_field_misnamed(tmp_path, monkeypatch):
     assert "translation.fr" in msg and "split train" in msg and "train.jsonl.gz" in msg
 
 
+# Rows whose configured fields have the wrong type: (rows of the train split, field mapping,
+# what the one-line error must contain). The Multi30k case is the one from the bug report.
+def _typed_rows(n=8):
+    return [{"en": f"a small dog {i}", "de": f"ein kleiner hund {i}"} for i in range(n)]
+
+
+def _nested_rows(n=8):
+    return [{"id": f"r{i}", "translation": {"en": f"hello {i}", "de": f"hallo {i}"}} for i in range(n)]
+
+
+def _with(rows, i, row):
+    rows = list(rows)
+    rows[i] = row
+    return rows
+
+
+MT = {"src": "en", "tgt": "de"}
+NESTED = {"src": "translation.en", "tgt": "translation.de", "id": "id"}
+BAD_TYPES = {
+    "number_and_list": (_with(_typed_rows(), 5, {"en": 3, "de": ["ein", "hund"]}), MT, ("row 6", "'en'", "a number")),
+    "list": (_with(_typed_rows(), 2, {"en": "a dog", "de": ["ein", "hund"]}), MT, ("row 3", "'de'", "a list")),
+    "object": (_with(_typed_rows(), 7, {"en": "a dog", "de": {"text": "hund"}}), MT, ("row 8", "'de'", "an object")),
+    "boolean": (_with(_typed_rows(), 0, {"en": True, "de": "hund"}), MT, ("row 1", "'en'", "true/false")),
+    "float": (_with(_typed_rows(), 4, {"en": 1.5, "de": "hund"}), MT, ("row 5", "'en'", "a number")),
+    "every_row_a_number": ([{"en": i, "de": f"hund {i}"} for i in range(8)], MT, ("row 1", "'en'", "a number")),
+    "null": (_with(_typed_rows(), 3, {"en": None, "de": "hund"}), MT, ("row 4", "'en'", "missing or null")),
+    "nested_not_an_object": (_with(_nested_rows(), 1, {"id": "x", "translation": "hello hallo"}), NESTED,
+                             ("row 2", "'translation'", "must be an object", "'en'")),
+    "nested_list": (_with(_nested_rows(), 6, {"id": "x", "translation": ["hello", "hallo"]}), NESTED,
+                    ("row 7", "'translation'", "a list")),
+    "nested_number": (_with(_nested_rows(), 3, {"id": "x", "translation": {"en": 5, "de": "hallo"}}), NESTED,
+                      ("row 4", "'translation.en'", "a number")),
+    "nested_key_missing": (_with(_nested_rows(), 5, {"id": "x", "translation": {"en": "hello"}}), NESTED,
+                           ("row 6", "'translation.de'", "missing or null")),
+    "id_object": (_with(_nested_rows(), 2, {"id": {"n": 1}, "translation": {"en": "a", "de": "b"}}), NESTED,
+                  ("row 3", "'id'", "text or an integer", "an object")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TYPES))
+def test_download_refuses_rows_of_the_wrong_type(case, tmp_path, monkeypatch):
+    rows, fields, expect = BAD_TYPES[case]
+    good = _nested_rows(3) if fields is NESTED else _typed_rows(3)
+    write_mirror(tmp_path / "mirror", "toy", {"train": rows, "validation": good, "test": good})
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, fields=fields)
+    with pytest.raises(StageError) as err:
+        download.run(study, "toy")
+    msg = one_line(err)
+    for part in ("download toy", "split train", "train.jsonl.gz", *expect):
+        assert part in msg, msg
+    assert not (tmp_path / "data/toy/raw/toy").exists() and no_temp_left(tmp_path)
+
+
+def test_download_bad_type_in_an_lm_split_and_an_integer_id(tmp_path, monkeypatch):
+    """An lm text that is a list is refused (test split, row 2); an integer id is fine."""
+    ok = [{"text": "a b c"}, {"text": ""}, {"text": "d e"}]
+    write_mirror(tmp_path / "mirror", "wiki", {"train": ok, "validation": ok,
+                                               "test": [{"text": "a"}, {"text": ["b", "c"]}]})
+    monkeypatch.chdir(tmp_path)
+    study = make_study(tmp_path, {"wiki": {"kind": "lm", "hf_id": "x/wiki", "fields": {"text": "text"}}},
+                       {"wiki_lm": {"kind": "lm", "dataset": "wiki"}})
+    with pytest.raises(StageError) as err:
+        download.run(study, "wiki")
+    msg = one_line(err)
+    assert "split test" in msg and "row 2" in msg and "'text'" in msg and "a list" in msg, msg
+    assert not (tmp_path / "data/toy/raw/wiki").exists()
+    rows = [{"id": i, "translation": {"en": f"hello {i}", "de": f"hallo {i}"}} for i in range(4)]
+    write_mirror(tmp_path / "mirror", "toy", {s: rows for s in ("train", "validation", "test")})
+    download.run(toy_study(tmp_path, fields=NESTED), "toy")
+    assert (tmp_path / "data/toy/raw/toy/manifest.json").is_file()
+
+
 def _lm_study(tmp: Path, text_format: str, rows: dict, filter_cfg=None):
     write_mirror(tmp / "mirror", "wiki", rows)
     return make_study(tmp, {"wiki": {"kind": "lm", "hf_id": "x/wiki", "fields": {"text": "text"},
@@ -561,22 +642,27 @@ def _lm_study(tmp: Path, text_format: str, rows: dict, filter_cfg=None):
 
 
 def test_wikitext_headings_and_blank_lines(tmp_path, monkeypatch):
+    """Train drops headings and blank lines when asked; validation and test keep every line."""
     wiki = ["", " = Valkyria Chronicles III = \n", "", " Senjo no Valkyria 3 is a game . \n", "",
             " = = Gameplay = = \n", "", " As with previous games , it is fun . \n", " = = = Plot = = = \n"]
     rows = {s: [{"text": x} for x in wiki] for s in ("train", "validation", "test")}
     monkeypatch.chdir(tmp_path)
-    study = _lm_study(tmp_path, "wikitext", rows)
+    study = _lm_study(tmp_path, "wikitext", rows, {"dedup": False, "drop_headings": True})
     download.run(study, "wiki")
     filt.run(study, "wiki_lm")
     out = tmp_path / "data/toy/filtered/wiki_lm"
-    assert pq.read_table(out / "test.parquet").to_pydict() == {
+    assert pq.read_table(out / "train.parquet").to_pydict() == {
         "text": ["Senjo no Valkyria 3 is a game .", "As with previous games , it is fun ."]}
+    assert pq.read_table(out / "test.parquet").column("text").to_pylist() == [x.strip() for x in wiki]
     stats = json.loads((out / "stats.json").read_text())
-    got = [(r["rule"], r["before"], r["after"]) for r in stats["rules"] if r["split"] == "test"]
-    assert got == [("split_lines", 9, 9), ("wikitext_blank_lines", 9, 5), ("wikitext_headings", 5, 2)]
+    got = [(r["split"], r["rule"], r["before"], r["after"]) for r in stats["rules"] if r["split"] != "validation"]
+    assert got == [("train", "split_lines", 9, 9), ("train", "drop_empty", 9, 5), ("train", "drop_headings", 5, 2),
+                   ("train", "min_src_len", 2, 2), ("test", "split_lines", 9, 9)]
+    # the denominator: 17 heading tokens + 17 text tokens + one <eos> for each of the 9 lines
+    assert stats["words"]["test"] == {"whitespace_tokens": 34, "lines": 9, "words": 43}
     bpe.run(study, "wiki_lm")
     bstats = json.loads((tmp_path / "data/toy/bpe/wiki_lm/stats.json").read_text())
-    assert bstats["words"]["test"] == 8 + 9 + 2  # whitespace words + one end of line per line
+    assert bstats["sequences"]["test"] == 9 and bstats["sequences"]["train"] == 2
     assert "tgt" not in bstats["tokens"]["test"] and bstats["tokens"]["test"]["text"] > 0
 
 
@@ -588,9 +674,11 @@ def test_lm_plain_splits_lines(tmp_path, monkeypatch):
     filt.run(study, "wiki_lm")
     out = tmp_path / "data/toy/filtered/wiki_lm"
     assert pq.read_table(out / "train.parquet").column("text").to_pylist() == ["a b c", "d e", "f", "g h"]
+    assert pq.read_table(out / "validation.parquet").column("text").to_pylist() == ["a b c", "d e", "", "f", "", "g h"]
     stats = json.loads((out / "stats.json").read_text())
-    got = [(r["rule"], r["before"], r["after"]) for r in stats["rules"] if r["split"] == "validation"]
-    assert got == [("split_lines", 3, 6), ("drop_empty", 6, 4)]
+    got = [(r["rule"], r["before"], r["after"]) for r in stats["rules"] if r["split"] in ("train", "validation")]
+    assert got == [("split_lines", 3, 6), ("drop_empty", 6, 4), ("min_src_len", 4, 4), ("split_lines", 3, 6)]
+    assert stats["words"]["validation"] == {"whitespace_tokens": 8, "lines": 6, "words": 14}
 
 
 # --------------------------------------------------------------------------- demo generators
@@ -652,3 +740,177 @@ def test_study_params_files_are_valid():
     mirror = load_study(REPO / "workflow/studies/mirror/params.yaml")
     assert mirror.name == "mirror" and mirror.mirror == "../shared/datasets"
     assert all(t.cells == ("baseline", "pe_none") for t in mirror.tasks.values())
+
+
+# --------------------------------------------------------------------------- lm denominators per corpus kind
+# The published rule, written independently of the pipeline: AWD-LSTM's data.py (Merity et al.)
+# reads the file line by line as `line.split() + ['<eos>']` and divides the test NLL by the count.
+
+def published_count(file_text: str) -> int:
+    return sum(len(line.split()) + 1 for line in io.StringIO(file_text))
+
+
+def hub_rows(file_text: str) -> list[dict]:
+    """wiki.*.tokens -> the Hub's rows, as Salesforce/wikitext's builder made them: one row per
+    line of the file, a blank line as an empty row."""
+    return [{"text": line if line.strip() else ""} for line in io.StringIO(file_text)]
+
+
+# A small wiki.test.tokens-like split: blank lines are " ", headings " = Title = ", rare words
+# replaced by <unk>, numbers split with @,@ / @.@, as in the released files.
+WIKI_TOKENS = {
+    "test": (" \n = Robert Boulter = \n \n"
+             " Robert Boulter is an English film , television and theatre actor . He had a guest @-@ starring role in 2000 . \n"
+             " \n = = Career = = \n \n \n = = = 2000 – 2005 = = = \n \n"
+             " In 2000 Boulter had a role on the series The Bill ; he played \" Scott <unk> \" in the episode . \n"
+             " He was cast in the 2003 play <unk> , which was performed at the Royal Court Theatre . \n \n"
+             " = = = 2006 – present = = = \n \n"
+             " In 2006 , Boulter starred in the play <unk> by Mark <unk> . It ran for 1 @,@ 000 nights . \n \n"),
+    "validation": (" \n = Homarus gammarus = \n \n"
+                   " Homarus gammarus is a species of <unk> lobster from the eastern Atlantic Ocean . \n \n"
+                   " = = Description = = \n \n"
+                   " It may grow to a length of 60 cm ( 24 in ) and a mass of 6 @.@ 5 kilograms . \n \n"),
+}
+# The raw release keeps the words the tokenised one maps to <unk>: one token for one.
+UNK_WORDS = iter(["Parry", "Herons", "Kedge", "Ravenhill", "decapod"] * 4)
+WIKI_RAW = {s: "".join(next(UNK_WORDS) if part == "<unk>" else part
+                       for part in re.split(r"(<unk>)", text)) for s, text in WIKI_TOKENS.items()}
+WIKI_TRAIN = (WIKI_TOKENS["test"] + WIKI_TOKENS["validation"] + WIKI_RAW["test"]) * 3
+
+LM_TINY = {"model": {"arch": "decoder_only", "d_model": 16, "n_heads": 2, "dec_layers": 1, "d_ff": 32, "max_len": 32},
+           "train": {"max_steps": 4, "batch_tokens": 128, "lm_seq_len": 16, "eval_every": 4, "warmup_steps": 1,
+                     "label_smoothing": 0.0},
+           "eval": {"n_samples": 2}}
+
+
+def _run_lm(tmp: Path, splits: dict, text_format: str, filter_cfg: dict, expected: dict | None = None,
+            vocab: int = 120, field: str = "text") -> tuple[dict, dict]:
+    """download -> filter -> bpe -> train (4 steps) -> evaluate a tiny lm; (eval metrics, filter stats)."""
+    from pipeline_src import evaluate, train
+
+    write_mirror(tmp / "mirror", "corpus", splits)
+    ds = {"kind": "lm", "hf_id": "x/corpus", "fields": {"text": field}, "text_format": text_format}
+    if expected:
+        ds["expected_words"] = expected
+    study = make_study(tmp, {"corpus": ds}, {"lm": {"kind": "lm", "dataset": "corpus", "filter": filter_cfg,
+                                                    "bpe": {"vocab_size": vocab}, **copy.deepcopy(LM_TINY)}})
+    download.run(study, "corpus")
+    filt.run(study, "lm")
+    bpe.run(study, "lm")
+    train.run(study, "lm", "baseline", 0)
+    evaluate.run(study, "lm", "baseline", 0)
+    ev = json.loads((tmp / "data/toy/eval/lm/baseline/seed0/eval_metrics.json").read_text())
+    ev["per_example"] = pd.read_csv(tmp / "data/toy/eval/lm/baseline/seed0/outputs/per_example.tsv", sep="\t")
+    return ev, json.loads((tmp / "data/toy/filtered/lm/stats.json").read_text())
+
+
+def _assert_denominator(ev: dict, split: str, want: int, bpe_dir: Path) -> None:
+    short = "val" if split == "validation" else "test"
+    m, rows = ev["metrics"], ev["per_example"][ev["per_example"]["split"] == split]
+    assert m[f"{short}_words"] == want
+    assert int(rows["words"].sum()) == want  # the paired tests resample the same count
+    # The NLL covers every token of the split: each line's BPE tokens and its <eos>, the first one too.
+    lines = load_sequences(bpe_dir, split, "text")
+    assert int(rows["tokens"].sum()) == sum(len(x) for x in lines) + len(lines) and len(rows) == len(lines)
+    nll = float(rows["nll"].sum())
+    assert m[f"{short}_ppl_word"] == pytest.approx(math.exp(nll / want), rel=1e-5)
+    assert m[f"{short}_ppl"] == pytest.approx(math.exp(nll / rows["tokens"].sum()), rel=1e-5)
+
+
+def test_wikitext_denominator_is_the_published_count(tmp_path, monkeypatch):
+    """WikiText: every whitespace token, headings included, + one <eos> per line, blank lines
+    included, although training drops headings and blank lines (asked for here)."""
+    monkeypatch.chdir(tmp_path)
+    splits = {"train": hub_rows(WIKI_TRAIN), **{s: hub_rows(t) for s, t in WIKI_TOKENS.items()}}
+    want = {s: published_count(t) for s, t in WIKI_TOKENS.items()}
+    body_only = sum(len(x.split()) + 1 for x in WIKI_TOKENS["test"].splitlines() if x.strip() and not x.strip().startswith("="))
+    assert want["test"] == 127 and body_only == 87  # the filtered rows (the old denominator) are far off
+    ev, stats = _run_lm(tmp_path, splits, "wikitext", {"dedup": False, "drop_headings": True}, expected=want)
+    assert stats["words"]["test"] == {"whitespace_tokens": 110, "lines": 17, "words": want["test"]}
+    for split in ("validation", "test"):
+        _assert_denominator(ev, split, want[split], tmp_path / "data/toy/bpe/lm")
+    assert [s["source"] for s in ev["samples"]] == ["= Robert Boulter =", "Robert Boulter is an"]  # blank lines skipped
+
+
+def test_wikitext_raw_release_has_the_tokenised_count(tmp_path, monkeypatch):
+    """wikitext-2-raw-v1 (params.yaml) differs from wikitext-2-v1 only by keeping the words the
+    latter replaces with <unk>, one token for one: counted the same way, its per-word perplexity
+    is divided by the same 245,569 for the real test split."""
+    from pipeline_src.data import lm_word_count
+
+    for split in ("validation", "test"):
+        assert WIKI_RAW[split] != WIKI_TOKENS[split] and "<unk>" not in WIKI_RAW[split]
+        raw = lm_word_count(r["text"] for r in hub_rows(WIKI_RAW[split]))
+        assert raw == lm_word_count(r["text"] for r in hub_rows(WIKI_TOKENS[split]))
+        assert raw["words"] == published_count(WIKI_TOKENS[split])
+    monkeypatch.chdir(tmp_path)
+    splits = {"train": hub_rows(WIKI_TRAIN), **{s: hub_rows(t) for s, t in WIKI_RAW.items()}}
+    ev, _ = _run_lm(tmp_path, splits, "wikitext", {"min_src_len": 0, "drop_empty": False, "dedup": False})
+    _assert_denominator(ev, "test", published_count(WIKI_TOKENS["test"]), tmp_path / "data/toy/bpe/lm")
+
+
+def test_expected_word_count_is_checked_at_download(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_mirror(tmp_path / "mirror", "corpus", {s: hub_rows(WIKI_TOKENS["test"]) for s in ("train", "validation", "test")})
+    study = make_study(tmp_path, {"corpus": {"kind": "lm", "hf_id": "x/corpus", "fields": {"text": "text"},
+                                             "text_format": "wikitext", "expected_words": {"test": 245569}}},
+                       {"lm": {"kind": "lm", "dataset": "corpus"}})
+    with pytest.raises(StageError) as err:
+        download.run(study, "corpus")
+    msg = one_line(err)
+    for part in ("download corpus", "split test", "test.jsonl.gz", "127 words (110 whitespace tokens + 17 lines)",
+                 "datasets.corpus.expected_words.test", "245569"):
+        assert part in msg, msg
+    assert not (tmp_path / "data/toy/raw/corpus").exists() and no_temp_left(tmp_path)
+
+
+def test_ptb_style_denominator(tmp_path, monkeypatch):
+    """PTB: one sentence per row, <unk> and N tokens, no blank lines: words + one <eos> per sentence."""
+    sents = ["no it was n't black monday", "but while the new york stock exchange did n't fall apart",
+             "some of the <unk> stocks fell N N", "the <unk> index rose N to N"]
+    rows = [{"sentence": s} for s in sents]
+    monkeypatch.chdir(tmp_path)
+    want = published_count("".join(s + "\n" for s in sents))
+    assert want == 6 + 11 + 8 + 7 + 4
+    splits = {"train": rows * 20, "validation": rows[:2], "test": rows}
+    ev, _ = _run_lm(tmp_path, splits, "plain", {"dedup": False, "sample_size": 30}, expected={"test": want},
+                    vocab=60, field="sentence")
+    _assert_denominator(ev, "test", want, tmp_path / "data/toy/bpe/lm")
+
+
+def test_plain_text_denominator(tmp_path, monkeypatch):
+    """Plain multi-line rows: every line of every row, blank and whitespace-only lines included,
+    one <eos> each; train drops blank lines (drop_empty), evaluation keeps them."""
+    docs = ["a cat sat on the mat .\nthe dog ran .\n\nbirds fly south", "   ", "one more line here\n"]
+    text = "".join(d if d.endswith("\n") else d + "\n" for d in docs)  # the same text as a file
+    want = published_count(text)
+    assert want == 18 + 6
+    monkeypatch.chdir(tmp_path)
+    ev, stats = _run_lm(tmp_path, {"train": [{"text": d} for d in docs * 30], "validation": [{"text": d} for d in docs],
+                                   "test": [{"text": d} for d in docs]}, "plain", {"dedup": False}, vocab=40)
+    assert stats["words"]["test"] == {"whitespace_tokens": 18, "lines": 6, "words": want}
+    assert stats["rows"]["train"] == 30 * 4 and stats["rows"]["test"] == 6
+    _assert_denominator(ev, "test", want, tmp_path / "data/toy/bpe/lm")
+
+
+@pytest.mark.skipif(not (REPO.parent / "shared/datasets/ptb/test.jsonl.gz").is_file(),
+                    reason="the shared offline mirror (../shared/datasets) is not beside the checkout")
+def test_ptb_mirror_counts_are_the_published_ones(tmp_path, monkeypatch):
+    """The real PTB test split: 82,430 words incl. <eos> (73,760 validation), counted on the raw rows."""
+    monkeypatch.chdir(tmp_path)
+    study = make_study(tmp_path, {"ptb": {"kind": "lm", "hf_id": "ptb_text_only", "fields": {"text": "sentence"},
+                                          "expected_words": {"validation": 73760, "test": 82430}}},
+                       {"ptb": {"kind": "lm", "dataset": "ptb", "filter": {"dedup": False, "sample_size": 500}}},
+                       mirror=str(REPO.parent / "shared/datasets"))
+    download.run(study, "ptb")
+    filt.run(study, "ptb")
+    stats = json.loads((tmp_path / "data/toy/filtered/ptb/stats.json").read_text())
+    assert stats["words"]["test"] == {"whitespace_tokens": 78669, "lines": 3761, "words": 82430}
+    assert stats["words"]["validation"]["words"] == 73760 and stats["rows"]["test"] == 3761
+
+
+def test_report_table_states_the_word_denominator():
+    from pipeline_src.report.tables import _word_note
+
+    assert "82,430 words" in _word_note(pd.DataFrame({"test_words_mean": [82430.0, 82430.0]}))
+    assert "words:" not in _word_note(pd.DataFrame({"test_ppl_mean": [1.0]}))  # older metrics: no number invented

@@ -96,3 +96,43 @@ def dataset_fields(ds) -> dict:
 
         return {**GENERATOR_FIELDS[ds.generator], **dict(ds.fields)}
     return dict(ds.fields)
+
+
+# --------------------------------------------------------------------------- language-model text
+
+
+def split_lines(value) -> list[str]:
+    """The lines of one lm row, as a text file reader sees them: split at \\n (\\r\\n and \\r
+    too, like Python's universal newlines), one final newline ending the last line rather than
+    opening an empty one; an empty row is one blank line. A WikiText row is one line of
+    wiki.*.tokens (blank lines are empty rows); a PTB row is one sentence."""
+    text = "" if value is None else str(value)
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if text.endswith("\n"):
+        text = text[:-1]
+    return text.split("\n")
+
+
+def lm_word_count(values) -> dict:
+    """The per-word perplexity denominator of an lm split, counted as published PTB and WikiText
+    results count it (Mikolov's PTB files, Merity et al.'s WikiText; e.g. AWD-LSTM's data.py reads
+    every line of the file as `line.split() + ['<eos>']`): every whitespace-separated token, WikiText
+    ` = Heading = ` lines included, plus one <eos> per line, blank lines included.
+    PTB test: 78,669 + 3,761 = 82,430; WikiText-2 test: 245,569 (raw and tokenised releases alike:
+    the raw one only keeps the words the tokenised one maps to <unk>, one token for one)."""
+    tokens = lines = 0
+    for value in _texts(values):
+        for line in split_lines(value):
+            tokens += len(line.split())
+            lines += 1
+    return {"whitespace_tokens": tokens, "lines": lines, "words": tokens + lines}
+
+
+def _texts(values, step: int = 1 << 16):
+    """The values of a list or an Arrow column, an Arrow column a slice at a time (a large
+    corpus is never turned into one Python list)."""
+    if not hasattr(values, "slice"):
+        yield from values
+        return
+    for start in range(0, len(values), step):
+        yield from values.slice(start, step).to_pylist()

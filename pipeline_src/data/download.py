@@ -15,8 +15,10 @@ There is no silent fallback from one source to another: a missing mirror file or
 unreachable Hub is a one-line StageError that says how to provide the data.
 
 Rows are stored as they come (the Hub's schema); field mapping happens in `filter`. Every
-field the dataset's `fields:` mapping names is checked here, so a misnamed field or a row
-without it fails at the first stage, naming the file and row.
+field the dataset's `fields:` mapping names is checked here, in every row: it must exist and hold
+text (reached through nested objects for `translation.en`; an `id` may also be an integer). A
+misnamed field, or a row whose field is missing, null, a number, a list or an object, fails at
+this first stage with one line naming dataset, split, file, row and field, and nothing is written.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from pathlib import Path
 from ..common import StageError, atomic_dir, atomic_write_json, progress, provenance
 from ..config import ConfigError
 from ..stages import output_path
-from . import dataset_fields, field_column, log, quiet_datasets, sha256_file, write_parquet
+from . import dataset_fields, field_column, lm_word_count, log, quiet_datasets, sha256_file, write_parquet
 
 MIRROR_ENV = "PIPELINE_DATA_MIRROR"
 
@@ -186,21 +188,99 @@ def _from_hub(ds, study) -> tuple[dict, str, dict]:
 # --------------------------------------------------------------------------- checks
 
 
-def _check(ds, study, split: str, table, origin: str) -> None:
+def _is_text_type(typ, role: str) -> bool:
+    """An Arrow type every row of which is what the role needs: text (an `id` may also be an integer)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_string_view(typ):
+        return True
+    return role == "id" and pa.types.is_integer(typ)
+
+
+def _describe(value) -> str:
+    kind = ("true/false" if isinstance(value, bool) else "a number" if isinstance(value, (int, float))
+            else "a list" if isinstance(value, list) else "an object" if isinstance(value, dict)
+            else "text" if isinstance(value, str) else type(value).__name__)
+    return f"{kind} ({_one_line(json.dumps(value, ensure_ascii=False, default=str))[:60]})"
+
+
+def _python_values(col) -> list:
+    """A column's values as Python objects. A JSON source whose rows disagree on a field's type
+    (a string in one row, a number or list in another) loads as Arrow's `arrow.json` extension
+    type, whose values are JSON texts: decode them."""
+    values = col.to_pylist()
+    if getattr(col.type, "extension_name", None) == "arrow.json":
+        values = [None if v is None else json.loads(v) for v in values]
+    return values
+
+
+def field_problem(table, dotted: str, role: str) -> tuple[int | None, str] | None:
+    """(row number or None for the whole column, problem) for the first row whose field `dotted`
+    is not what the task needs (text, reached through nested objects for `translation.en`),
+    or None when every row is fine. Only a column of the wrong Arrow type is read row by row."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
+    parts = dotted.split(".")
+    if parts[0] not in table.column_names:
+        return None, (f"field {role}={dotted!r} not found: no column {parts[0]!r} "
+                      f"(columns: {', '.join(table.column_names) or 'none'})")
+    col, depth = table.column(parts[0]), 1
+    while depth < len(parts) and pa.types.is_struct(col.type):
+        names = [f.name for f in col.type]
+        if parts[depth] not in names:  # no row has it: the mapping is wrong, not a row
+            return None, (f"field {role}={dotted!r} not found: column {'.'.join(parts[:depth])!r} has no field "
+                          f"{parts[depth]!r} (it is {col.type})")
+        col, depth = pc.struct_field(col, parts[depth]), depth + 1
+    if depth == len(parts) and _is_text_type(col.type, role):  # the usual case: one type check
+        if col.null_count:
+            return pc.index(pc.is_null(col), True).as_py() + 1, f"field {dotted!r} is missing or null"
+        return None
+    ok = (str, int) if role == "id" else (str,)
+    for row, value in enumerate(_python_values(col), 1):
+        where = ".".join(parts[:depth])
+        for part in parts[depth:]:
+            if value is None:
+                break
+            if not isinstance(value, dict):
+                return row, f"field {where!r} must be an object with the key {part!r} but is {_describe(value)}"
+            value, where = value.get(part), f"{where}.{part}"
+        if value is None:
+            return row, f"field {where!r} is missing or null"
+        if not isinstance(value, ok) or isinstance(value, bool):
+            need = "text or an integer" if role == "id" else "text (a string)"
+            return row, f"field {dotted!r} must be {need} but is {_describe(value)}"
+    return None
+
+
+def _check(ds, study, split: str, table, origin: str) -> None:
+    """Every field the dataset's mapping names, in every row, has the type its role needs."""
     if table.num_rows == 0:
         raise StageError(f"download {ds.name}: split {split}: file {origin}: the split is empty (no rows)")
     for role, dotted in dataset_fields(ds).items():
-        try:
-            col = field_column(table, dotted)
-        except KeyError as e:
-            raise StageError(f"download {ds.name}: split {split}: file {origin}: field {role}={dotted!r} not found: "
-                             f"{e.args[0]}; fix datasets.{ds.name}.fields.{role} in {study.path}") from None
-        if col.null_count:
-            row = pc.index(pc.is_null(col), True).as_py() + 1
-            raise StageError(f"download {ds.name}: split {split}: file {origin}: row {row}: "
-                             f"field {dotted!r} is missing or null")
+        problem = field_problem(table, dotted, role)
+        if problem is None:
+            continue
+        row, what = problem
+        if row is None:
+            raise StageError(f"download {ds.name}: split {split}: file {origin}: {what}; "
+                             f"fix datasets.{ds.name}.fields.{role} in {study.path}")
+        raise StageError(f"download {ds.name}: split {split}: file {origin}: row {row}: {what}")
+
+
+def _check_word_count(ds, study, split: str, table, origin: str) -> dict:
+    """The split's per-word perplexity denominator as published work counts it (every whitespace
+    token + one <eos> per line, see data.lm_word_count), checked against datasets.<name>.expected_words."""
+    counts = lm_word_count(field_column(table, dataset_fields(ds)["text"]))
+    want = ds.expected_words.get(split)
+    if want is not None and counts["words"] != want:
+        raise StageError(
+            f"download {ds.name}: split {split}: file {origin}: {counts['words']} words ({counts['whitespace_tokens']} "
+            f"whitespace tokens + {counts['lines']} lines) but datasets.{ds.name}.expected_words.{split} in "
+            f"{study.path} is {want}: not the published split (a different release or a partial copy?)")
+    return counts
 
 
 # --------------------------------------------------------------------------- stage
@@ -225,7 +305,10 @@ def run(study, dataset: str) -> None:
             tables, source, info = _from_hub(ds, study)
         splits = {}
         for split, table in tables.items():
-            _check(ds, study, split, table, info[split].get("source_file") or source)
+            origin = info[split].get("source_file") or source
+            _check(ds, study, split, table, origin)
+            if ds.kind == "lm":
+                info[split]["words"] = _check_word_count(ds, study, split, table, origin)
             path = tmp / f"{split}.parquet"
             write_parquet(table, path)
             splits[split] = {"rows": table.num_rows, "file": path.name, "sha256": sha256_file(path), **info[split]}

@@ -6,9 +6,14 @@ summarization; `text` for lm) and `stats.json` with the before/after row count o
 
 Per split, in this order:
   * field mapping (params `datasets.<name>.fields`; `translation.en` reaches into a struct),
-    whitespace stripped at both ends; lm: one row per line (`split_lines`), and for
-    `text_format: wikitext` the ` = Heading = ` lines are dropped (`wikitext_headings`);
-  * `drop_empty` (every split; for lm, blank lines);
+    whitespace stripped at both ends; lm: one row per line (`split_lines`, as a text file
+    reader splits them);
+  * translation/summarization: `drop_empty` (every split);
+  * lm: validation and test are kept whole, every line, blank lines and WikiText headings
+    included: published per-word perplexities (PTB, WikiText) are over the whole split, and
+    `stats.json` records each split's denominator counted on the raw rows (`words`, see
+    data.lm_word_count). On `splits_to_filter` (only train, for lm): `drop_empty` drops blank
+    lines, `drop_headings` (text_format wikitext) the ` = Heading = ` lines, then the rules below;
   * only on `splits_to_filter` (default: train; test sets stay comparable):
     `min_src_len`, `max_src_len`, `min_tgt_len`, `max_tgt_len` (in `unit`: words or chars;
     lm uses the src limits on its text), `max_ratio` (either direction, as Moses'
@@ -30,8 +35,8 @@ import numpy as np
 from ..common import StageError, atomic_dir, atomic_write_json, progress, provenance
 from ..config import ConfigError
 from ..stages import output_path
-from . import (SPLITS, dataset_fields, field_column, log, num_proc_for, quiet_datasets, read_parquet,
-               write_parquet)
+from . import (SPLITS, dataset_fields, field_column, lm_word_count, log, num_proc_for, quiet_datasets, read_parquet,
+               split_lines, write_parquet)
 
 HEADING_RE = re.compile(r"^(=+) .*\S.* \1$")
 BATCH = 1000
@@ -60,8 +65,7 @@ def _lines_batch(batch, unit: str, wikitext: bool):
     """lm: one output row per line of each input row, with its length and heading flag."""
     text, length, heading = [], [], []
     for value in batch["text"]:
-        value = "" if value is None else str(value)
-        for line in value.splitlines() or [""]:
+        for line in split_lines(value):
             line = line.strip()
             text.append(line)
             length.append(len(line) if unit == "chars" else len(line.split()))
@@ -160,12 +164,12 @@ def filter_split(table, *, task: str, dataset: str, kind: str, split: str, origi
     src_len = data.column("src_len").to_numpy()
     if kind == "lm":
         rules.records.append({"split": split, "rule": "split_lines", "before": n_raw, "after": n})
-        if text_format == "wikitext":
-            rules.apply("wikitext_blank_lines", drop=src_len == 0, hint=" (the split has only blank lines)")
-            rules.apply("wikitext_headings", drop=data.column("heading").to_numpy(zero_copy_only=False),
-                        hint=" (the split has only headings)")
-        elif cfg.drop_empty:
+        # Validation and test (never in an lm task's splits_to_filter, see config) keep every line.
+        if apply_rules and cfg.drop_empty:
             rules.apply("drop_empty", drop=src_len == 0, hint=hint("drop_empty"))
+        if apply_rules and cfg.drop_headings:
+            rules.apply("drop_headings", drop=data.column("heading").to_numpy(zero_copy_only=False),
+                        hint=hint("drop_headings"))
     else:
         tgt_len = data.column("tgt_len").to_numpy()
         if cfg.drop_empty:
@@ -210,12 +214,14 @@ def run(study, task: str) -> None:
         if s not in splits:
             raise StageError(f"filter {task}: dataset {t.dataset}: split {s}: file {raw / (s + '.parquet')} not found; "
                              f"rerun download --dataset {t.dataset}")
-    records, rows, n_in = [], {}, 0
+    records, rows, n_in, words = [], {}, 0, {}
     with atomic_dir(out) as tmp:
         for split in progress(splits, desc=f"filter {task}", unit="split"):
             origin = str(raw / f"{split}.parquet")
             table = read_parquet(origin)
             n_in += table.num_rows
+            if t.kind == "lm":  # the per-word denominator, counted on the raw rows
+                words[split] = lm_word_count(field_column(table, fields["text"]))
             kept, recs = filter_split(
                 table, task=task, dataset=t.dataset, kind=t.kind, split=split, origin=origin, fields=fields,
                 cfg=t.filter, text_format=ds.text_format,
@@ -226,6 +232,7 @@ def run(study, task: str) -> None:
         atomic_write_json(tmp / "stats.json", {
             "task": task, "dataset": t.dataset, "kind": t.kind, "unit": t.filter.unit,
             "splits_to_filter": list(t.filter.splits_to_filter), "rules": records, "rows": rows,
+            **({"words": words} if t.kind == "lm" else {}),
             "provenance": provenance(study, stage="filter", task=task)})
     summary = ", ".join(f"{s} {n}" for s, n in rows.items())
     log("filter", f"{task}: {n_in} rows in -> {summary} out in {time.time() - t0:.1f} s -> {out}")

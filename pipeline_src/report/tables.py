@@ -326,6 +326,16 @@ def cells_table(study) -> str:
 # --- results -------------------------------------------------------------------------------------
 
 
+def _word_note(rows) -> str:
+    """The per-word denominator an lm table used (evaluate's test_words), stated under the table."""
+    words = rows["test_words_mean"].dropna() if "test_words_mean" in rows else []
+    note = "; PPL (word) renormalises the same likelihood per word"
+    if len(words):
+        note += (f", over the test split's {int(words.iloc[0]):,} words: every whitespace token plus one end of line "
+                 "per line, blank lines and headings included, as published PTB and WikiText results count them")
+    return note
+
+
 def results_table(inp: Inputs, task) -> str:
     rows = inp.rows(task)
     mets = inp.metrics(task)
@@ -358,7 +368,7 @@ def results_table(inp: Inputs, task) -> str:
         body += [r"\midrule", " & ".join(cols) + r" \\"]
     notes = [f"Mean {{\\scriptsize$\\pm$ std}} over {n_seeds} seed{'s' if n_seeds != 1 else ''}; best "
              "non-leaking value in bold. Test PPL is per BPE token"
-             + ("; PPL (word) renormalises the same likelihood per word" if task.kind == "lm" else "") + "."]
+             + (_word_note(rows) if task.kind == "lm" else "") + "."]
     if any_sig:
         notes.append(SIG_NOTE)
     if any_leak:
