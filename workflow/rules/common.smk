@@ -5,6 +5,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir)))
 
 from pipeline_src.config import ConfigError, load_study
+from pipeline_src.run_lock import claim_run
 from pipeline_src.stages import DIRECTORIES, OUTPUTS, JobIndex
 
 PARAMS_FILE = config.get("params", "params.yaml")
@@ -15,6 +16,12 @@ except ConfigError as err:
     raise SystemExit(f"error: {err}")
 
 JOB = JobIndex(STUDY)
+
+# The run that Snakemake itself starts (not the per-job processes a cluster executor starts)
+# holds the study's run lock; locks left by a run that died are removed (pipeline_src/run_lock.py).
+if workflow.is_main_process:
+    for _stale in claim_run(STUDY.name):
+        print(f"pipeline: removed stale lock {_stale} of a dead run of study '{STUDY.name}'", file=sys.stderr)
 REPORT_PDF = OUTPUTS["report"]["pdf"].format(study=STUDY.name)
 
 
