@@ -6,6 +6,7 @@ sys.path.insert(0, str(Path(workflow.basedir)))
 
 from pipeline_src.config import ConfigError, load_study
 from pipeline_src.run_lock import claim_run
+from pipeline_src import slurm_preflight
 from pipeline_src.stages import DIRECTORIES, OUTPUTS, JobIndex
 
 PARAMS_FILE = config.get("params", "params.yaml")
@@ -23,6 +24,12 @@ if workflow.is_main_process:
     for _stale in claim_run(STUDY.name):
         print(f"pipeline: removed stale lock {_stale} of a dead run of study '{STUDY.name}'", file=sys.stderr)
 REPORT_PDF = OUTPUTS["report"]["pdf"].format(study=STUDY.name)
+
+
+onstart:
+    # Under the SLURM executor: would SLURM accept these jobs? One line if not, before any sbatch.
+    if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
+        slurm_preflight.check(workflow.dag.needrun_jobs())
 
 
 wildcard_constraints:
