@@ -6,7 +6,7 @@ sys.path.insert(0, str(Path(workflow.basedir)))
 
 from pipeline_src.config import ConfigError, load_study
 from pipeline_src.run_lock import claim_run
-from pipeline_src import slurm_preflight
+from pipeline_src import slurm_guard
 from pipeline_src.stages import DIRECTORIES, OUTPUTS, JobIndex
 
 PARAMS_FILE = config.get("params", "params.yaml")
@@ -27,9 +27,11 @@ REPORT_PDF = OUTPUTS["report"]["pdf"].format(study=STUDY.name)
 
 
 onstart:
-    # Under the SLURM executor: would SLURM accept these jobs? One line if not, before any sbatch.
+    # Under the SLURM executor: would SLURM accept these jobs? One line if not, before any sbatch;
+    # and a run whose controller stays unreachable stops with one line instead of waiting forever.
     if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
-        slurm_preflight.check(workflow.dag.needrun_jobs())
+        slurm_guard.check(workflow.dag.needrun_jobs())
+        slurm_guard.watch()
 
 
 wildcard_constraints:
