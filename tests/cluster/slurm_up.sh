@@ -6,8 +6,8 @@
 #   eval "$(tests/cluster/slurm_up.sh)"   # starts it, prints `export SLURM_CONF=...`
 #   tests/cluster/slurm_down.sh           # stops the daemons by their PIDs
 #
-# The node has the machine's CPUs, partitions `cpu` (default) and `gpu`, and declares one GPU as
-# a generic resource backed by a stand-in device file: SLURM then schedules `--gpus=1` jobs as on
+# The node has the machine's CPUs, partitions `cpu` (default) and `gpu`, and declares two GPUs
+# as a generic resource backed by stand-in device files: SLURM then schedules `--gpus=1` jobs as on
 # a GPU node, which exercises the profile's GPU path on a CPU-only machine (CUDA stays absent, so
 # the jobs train on the CPU).
 #
@@ -79,16 +79,17 @@ SlurmdParameters=config_overrides
 # status source (sacct fails), and the Snakemake plugin polls it at intervals of up to 180 s;
 # it also switches back to sacct unless MinJobAge >= 3 x its initial status-check delay.
 MinJobAge=600
-NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=64000 Gres=gpu:1 State=UNKNOWN
+NodeName=$HOST NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=64000 Gres=gpu:2 State=UNKNOWN
 PartitionName=cpu Nodes=$HOST Default=YES MaxTime=INFINITE State=UP
 PartitionName=gpu Nodes=$HOST MaxTime=INFINITE State=UP
 EOF
-# One GPU. slurmd drops a GPU without a device file ("Removing file-less GPU"), so the GRES names
-# a character device of our own that is /dev/null (1:3): SLURM schedules and counts it, and sets
-# CUDA_VISIBLE_DEVICES=0 in jobs that get it; nothing ever opens it.
+# Two GPUs (two cells train at once). slurmd drops a GPU without a device file ("Removing file-less GPU"), so the GRES names
+# character devices of our own that are /dev/null (1:3): SLURM schedules and counts them, and
+# sets CUDA_VISIBLE_DEVICES in the jobs that get one; nothing ever opens them.
 mkdir -p "$DIR/dev"
 mknod "$DIR/dev/nvidia0" c 1 3
-echo "NodeName=$HOST Name=gpu File=$DIR/dev/nvidia0" >"$DIR/etc/gres.conf"
+mknod "$DIR/dev/nvidia1" c 1 3
+echo "NodeName=$HOST Name=gpu File=$DIR/dev/nvidia[0-1]" >"$DIR/etc/gres.conf"
 export SLURM_CONF="$DIR/etc/slurm.conf"
 # Inside a job, Snakemake's jobstep plugin removes every SLURM_* variable (SLURM_CONF too) before
 # it calls srun, which then reads the default /etc/slurm/slurm.conf (a site has its config
@@ -110,5 +111,5 @@ for _ in $(seq 60); do
   sleep 1
 done
 [ "$state" = idle ] || die "node not idle after 60 s (state '${state:-none}'; logs in $DIR/log)"
-log "up: node $HOST, $cpus CPUs, gres gpu:1, partitions cpu and gpu (state in $DIR)"
+log "up: node $HOST, $cpus CPUs, gres gpu:2, partitions cpu and gpu (state in $DIR)"
 echo "export SLURM_CONF=$SLURM_CONF"
