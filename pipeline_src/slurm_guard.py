@@ -10,8 +10,10 @@ SLURM's answer. Every call is bounded by a timeout, so nothing here can hang.
 watch(): while the run lasts, ping the controller. When a status query fails on every attempt,
 the plugin silently stops tracking the jobs it asked about, and Snakemake then waits forever for
 them. So if the controller stays unreachable for PIPELINE_SLURM_UNREACHABLE_S seconds (default
-300), the run says so in one line and stops as on Ctrl-C (SIGTERM: Snakemake's graceful exit).
-Submitted jobs keep running under SLURM; the same command, typed again, continues the study.
+300), the run says so in one line and stops: SIGTERM first (Snakemake's graceful exit), then,
+since a graceful exit waits for the very jobs the plugin lost track of, a hard exit 30 s later.
+Its locks are then stale and the same command, typed again, continues the study
+(pipeline_src/run_lock.py); submitted jobs keep running under SLURM meanwhile.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import threading
 import time
 
 TIMEOUT_S = 60  # sbatch itself gives up on an unreachable controller after ~20 s
+GRACE_S = 30  # after SIGTERM, before the hard exit
 
 
 def sbatch_args(resources) -> tuple[str, ...]:
@@ -96,7 +99,8 @@ def watch(unreachable_s: float | None = None, poll_s: float = 15) -> threading.T
                       "(scontrol ping); stopping. Jobs already submitted keep running; run the same "
                       "command again when the controller is back", file=sys.stderr, flush=True)
                 os.kill(os.getpid(), signal.SIGTERM)
-                return
+                time.sleep(GRACE_S)
+                os._exit(1)
 
     thread = threading.Thread(target=loop, name="slurm-controller-watch", daemon=True)
     thread.start()
