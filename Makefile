@@ -10,7 +10,7 @@ CORES ?= 2
 DEMO := workflow/studies/demo/params.yaml
 MIRROR := workflow/studies/mirror/params.yaml
 
-.PHONY: install system-deps demo mirror full test bench dvc-yaml lint clean
+.PHONY: install system-deps demo mirror full slurm cluster-test test bench dvc-yaml lint clean
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,18 @@ mirror: install
 # The real study (params.yaml): needs the Hub or PIPELINE_DATA_MIRROR, and a GPU to finish in days not months.
 full: install
 	snakemake --cores 8 --resources gpu=1
+
+# A study on a SLURM cluster, from a login node (workflow/profiles/slurm; README "Running on a SLURM cluster").
+PARAMS ?= params.yaml
+slurm: install
+	@python -c "import snakemake_executor_plugin_slurm" 2>/dev/null || { echo "error: snakemake-executor-plugin-slurm is not installed in $(VENV) (it is in requirements.lock: make install)"; exit 1; }
+	snakemake --profile workflow/profiles/slurm --config params=$(PARAMS)
+
+# CI's cluster checks (root, Debian): start a real single-node SLURM, run a tiny study through
+# the profile, then the DVC push / fresh clone / pull round trip; the daemons are stopped at the end.
+cluster-test: install
+	eval "$$(tests/cluster/slurm_up.sh)" && trap tests/cluster/slurm_down.sh EXIT && \
+	  tests/cluster/check_slurm.sh && tests/cluster/check_dvc_remote.sh
 
 test: install
 	PIPELINE_QUIET=1 pytest -q tests

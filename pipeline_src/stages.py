@@ -70,7 +70,6 @@ OUTPUTS: dict[str, dict[str, str]] = {
 DIRECTORIES = {"raw", "filtered", "bpe", "ckpt", "outputs", "figures", "tables"}
 METRICS = {("train", "metrics"), ("evaluate", "metrics")}
 PLOTS = {("train", "log")}
-UNCACHED = {("train", "cost")}  # wall-clock figures: vary run to run, so never part of a cache hit
 # Scratch space for resumable training state: deliberately NOT a declared output, so a driver
 # that deletes incomplete outputs after a crash does not delete the state needed to resume.
 SCRATCH = "data/{study}/scratch/{task}/{cell}/seed{seed}"

@@ -5,6 +5,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir)))
 
 from pipeline_src.config import ConfigError, load_study
+from pipeline_src.run_lock import claim_run
+from pipeline_src import slurm_guard
 from pipeline_src.stages import DIRECTORIES, OUTPUTS, JobIndex
 
 PARAMS_FILE = config.get("params", "params.yaml")
@@ -15,7 +17,21 @@ except ConfigError as err:
     raise SystemExit(f"error: {err}")
 
 JOB = JobIndex(STUDY)
+
+# The run that Snakemake itself starts (not the per-job processes a cluster executor starts)
+# holds the study's run lock; locks left by a run that died are removed (pipeline_src/run_lock.py).
+if workflow.is_main_process:
+    for _stale in claim_run(STUDY.name):
+        print(f"pipeline: removed stale lock {_stale} of a dead run of study '{STUDY.name}'", file=sys.stderr)
 REPORT_PDF = OUTPUTS["report"]["pdf"].format(study=STUDY.name)
+
+
+onstart:
+    # Under the SLURM executor: would SLURM accept these jobs? One line if not, before any sbatch;
+    # and a run whose controller stays unreachable stops with one line instead of waiting forever.
+    if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
+        slurm_guard.check(workflow.dag.needrun_jobs())
+        slurm_guard.watch()
 
 
 wildcard_constraints:

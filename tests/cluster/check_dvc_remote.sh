@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# A colleague reuses a finished study without recomputing it: the study run by Snakemake on the
+# cluster (check_slurm.sh leaves it in $CLUSTER_WORK/repo) is adopted by DVC, pushed to a remote
+# and committed; a fresh clone then pulls it, and
+#   - every output is there and `dvc status` is clean,
+#   - `dvc repro` runs nothing,
+#   - rebuilding the report's numbers from the pulled results gives the same files.
+# The remote is a scratch directory here (`dvc remote modify --local`, so .dvc/config keeps the
+# project's default); S3 or SSH remotes work the same way (README, "Sharing a study").
+set -euo pipefail
+WORK=${CLUSTER_WORK:-/tmp/pipeline-cluster-check}
+PARAMS=workflow/studies/tiny/params.yaml
+DVC_YAML=workflow/studies/tiny/dvc.yaml
+REMOTE="$WORK/dvc-remote"
+export PIPELINE_QUIET=1
+fail() { echo "FAIL: $*" >&2; exit 1; }
+say() { echo "check_dvc_remote: $*"; }
+test -s "$WORK/repo/reports/tiny/report.pdf" || fail "no finished study in $WORK/repo (run check_slurm.sh first)"
+remote=$(cd "$WORK/repo" && dvc remote default) || fail "no default DVC remote in .dvc/config"
+
+say "on the cluster: adopt the Snakemake-built study into DVC, push it, commit dvc.lock"
+cd "$WORK/repo"
+export PYTHONPATH=$PWD
+rm -rf "$REMOTE"
+python -m pipeline_src dvc-yaml --params "$PARAMS" >/dev/null
+dvc commit --force -q "$DVC_YAML"   # the same commands made these outputs, so DVC takes them as they are
+dvc remote modify --local "$remote" url "$REMOTE"
+dvc push -q "$DVC_YAML"
+git add "$DVC_YAML" "${DVC_YAML%.yaml}.lock"
+git -c user.name=ci -c user.email=ci@localhost commit -qm "tiny study: dvc.lock"
+n_files=$(find "$REMOTE" -type f | wc -l)
+echo "  pushed to the '$remote' remote: $n_files objects, $(du -sh "$REMOTE" | cut -f1)"
+
+say "on a colleague's machine: fresh clone, dvc pull"
+rm -rf "$WORK/clone"
+git clone -q "$WORK/repo" "$WORK/clone"
+cd "$WORK/clone"
+export PYTHONPATH=$PWD
+[ ! -e data ] || fail "the clone has data/ before dvc pull"
+dvc remote modify --local "$remote" url "$REMOTE"
+dvc pull -q "$DVC_YAML"
+lock_outs=$(python - "${DVC_YAML%.yaml}.lock" <<'PY'
+import sys, yaml
+lock = yaml.safe_load(open(sys.argv[1]))["stages"]
+print("\n".join(sorted({o["path"] for s in lock.values() for o in s.get("outs", [])})))
+PY
+)
+n_outs=0
+while read -r out; do
+  [ -e "$out" ] || fail "$out missing after dvc pull"
+  n_outs=$((n_outs + 1))
+done <<<"$lock_outs"
+status=$(dvc status "$DVC_YAML" 2>&1)
+grep -q "Data and pipelines are up to date" <<<"$status" || { echo "$status"; fail "dvc status is not clean in the clone"; }
+out=$(dvc repro "$DVC_YAML" 2>&1)
+if grep -q "Running stage" <<<"$out"; then grep "Running stage" <<<"$out"; fail "dvc repro reran stages in the clone"; fi
+echo "  $n_outs outputs pulled; dvc status clean; dvc repro runs nothing"
+
+say "rebuilding the report's numbers from the pulled results gives the same files"
+for stage in aggregate tables; do dvc repro -q --force --single-item "$DVC_YAML:$stage"; done
+n=0
+for f in reports/tiny/results.csv reports/tiny/summary.csv reports/tiny/significance.csv reports/tiny/tables/*; do
+  cmp "$f" "$WORK/repo/$f" || fail "$f differs from the cluster's"
+  n=$((n + 1))
+done
+echo "  $n report files identical"
+say "passed"

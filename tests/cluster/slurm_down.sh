@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Stops the cluster that slurm_up.sh started: slurmd, slurmctld and munged, each by the PID in
+# its pid file under SLURM_TEST_DIR (default /tmp/pipeline-slurm); nothing else is signalled.
+# Also removes the /etc/slurm/slurm.conf link to the test config.
+set -uo pipefail
+DIR=${SLURM_TEST_DIR:-/tmp/pipeline-slurm}
+rc=0
+for pidfile in "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
+  [ -s "$pidfile" ] || continue
+  pid=$(cat "$pidfile")
+  kill -0 "$pid" 2>/dev/null || continue
+  kill -TERM "$pid"
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "slurm_down: $(basename "$pidfile" .pid) (pid $pid) ignored SIGTERM for 10 s; sending SIGKILL" >&2
+    kill -KILL "$pid" 2>/dev/null
+    rc=1
+  fi
+  echo "slurm_down: stopped $(basename "$pidfile" .pid) (pid $pid)" >&2
+done
+# The default-path link slurm_up.sh made, if it points into DIR.
+link=/etc/slurm/slurm.conf
+if [ -L "$link" ] && [ "$(readlink "$link")" = "$DIR/etc/slurm.conf" ]; then rm -f "$link"; fi
+exit $rc
