@@ -60,7 +60,11 @@ class TrainConfig:
     precision: str = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
     average_last: int = 0  # average the last N saved checkpoints into the final model
-    log_every: int = 10
+    log_every: int = 10  # also how often the step's loss and grad norm are read back (a host sync)
+    # Speed (issue 11). length_buckets N > 0: static batch shapes, lengths rounded up to a grid of
+    # N lengths per doubling (batching.seq2seq_bucket_batches); 0 = token-budget batches of any shape.
+    length_buckets: int = 0
+    prefetch: bool | None = None  # collate batches in a background thread; null = on for CUDA only
 
 
 @dataclass(frozen=True)

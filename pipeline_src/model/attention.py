@@ -53,14 +53,23 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                                  dropout_p: float = 0.0, impl: str = "explicit",
-                                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                                 need_weights: bool = False, is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
     """Eq. 1 on q (B, H, T_q, d_k), k (B, H, T_k, d_k), v (B, H, T_k, d_v) -> (B, H, T_q, d_v).
 
     impl "explicit" writes the softmax out; "sdpa" calls torch's fused kernel, which never
     materialises the (T_q, T_k) weights, so asking for the weights always takes the
     explicit path. Both see the identical additive mask, hence identical semantics.
+    is_causal (mask must be None, T_q == T_k): query i sees keys 0..i and nothing is padded;
+    SDPA then needs no mask tensor at all and may pick the flash kernel.
     Returns (output, weights or None).
     """
+    if is_causal:
+        if mask is not None:
+            raise ValueError("scaled_dot_product_attention: is_causal takes no mask")
+        if impl == "sdpa" and not need_weights:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+        T = q.size(-2)
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     mask = additive_mask(mask, q.dtype)
     if mask is not None and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
@@ -107,11 +116,11 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
-                positions: Tensor | None = None, cache: dict | None = None) -> Tensor:
+                positions: Tensor | None = None, cache: dict | None = None, is_causal: bool = False) -> Tensor:
         """x (B, T, D) queries; context (B, S, D) memory for cross-attention (ignored when its
         K/V are already cached); positions (B, T) for RoPE; cache: a dict owned by this layer
         for incremental decoding. Self-attention appends this call's K/V to it; cross-attention
-        fills it once. Returns (B, T, D)."""
+        fills it once. is_causal: see scaled_dot_product_attention. Returns (B, T, D)."""
         B, T, D = x.shape
         if self.cross:
             q = self._heads(self.q_proj(x))
@@ -132,7 +141,8 @@ class MultiHeadAttention(nn.Module):
                     v = torch.cat((cache["v"], v), dim=2)
                 cache["k"], cache["v"] = k, v
         dropout_p = self.attention_dropout if self.training else 0.0
-        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, self.impl, self.store_weights)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, self.impl, self.store_weights,
+                                                   is_causal)
         if self.store_weights:
             self.last_weights = weights.detach()
         out = out.transpose(1, 2).reshape(B, T, D)                         # Concat(head_1..head_h)
