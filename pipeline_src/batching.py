@@ -116,12 +116,15 @@ def _padded_len(data: Seq2SeqData, i: int, arch: str) -> int:
 
 
 def seq2seq_bucket_batches(data: Seq2SeqData, batch_tokens: int, arch: str, per_octave: int, seed: int | None,
-                           epoch: int = 0) -> list[tuple[list[int], int, int]]:
+                           epoch: int = 0) -> list[tuple[list[int], int | tuple[int, int], int]]:
     """Static-shape batch plans (indices, length, rows): each example goes to the bucket of its
     length rounded up by bucket_length; a bucket of n examples is cut into the fewest batches of
     at most batch_tokens // length rows, all with the same row count (the last is filled with
     empty rows). Bucket membership depends on lengths only, so every epoch has the same shapes,
-    one per bucket; only the order of examples within buckets and of the batches is shuffled."""
+    one per bucket; only the order of examples within buckets and of the batches is shuffled.
+
+    encoder_decoder: length is (source columns, target columns), each the grid length of the
+    bucket's longest source / target, so a long article does not pad its short summary."""
     n = len(data)
     lengths = np.array([bucket_length(_padded_len(data, i, arch), per_octave) for i in range(n)], dtype=np.int64)
     rng = np.random.default_rng([seed, epoch]) if seed is not None else None
@@ -129,10 +132,14 @@ def seq2seq_bucket_batches(data: Seq2SeqData, batch_tokens: int, arch: str, per_
     plans = []
     for length in np.unique(lengths):
         members = order[lengths[order] == length]
+        shape = int(length)
+        if arch == "encoder_decoder":
+            shape = (bucket_length(max(len(data.src[i]) for i in members), per_octave),
+                     bucket_length(max(len(data.tgt[i]) + 1 for i in members), per_octave))
         cap = max(1, batch_tokens // int(length))
         n_batches = -(-len(members) // cap)
         rows = -(-len(members) // n_batches)
-        plans += [(members[b * rows:(b + 1) * rows].tolist(), int(length), rows) for b in range(n_batches)]
+        plans += [(members[b * rows:(b + 1) * rows].tolist(), shape, rows) for b in range(n_batches)]
     if rng is not None:
         plans = [plans[i] for i in rng.permutation(len(plans))]
     return plans
@@ -147,9 +154,10 @@ def pad_rows(rows: list[np.ndarray], length: int | None = None, n_rows: int | No
     return torch.from_numpy(out)
 
 
-def collate_seq2seq(data: Seq2SeqData, idx: list[int], arch: str, length: int | None = None,
+def collate_seq2seq(data: Seq2SeqData, idx: list[int], arch: str, length: int | tuple[int, int] | None = None,
                     rows: int | None = None) -> dict:
-    """length/rows: pad to that static shape (empty rows are all PAD, so they carry no loss)."""
+    """length/rows: pad to that static shape (empty rows are all PAD, so they carry no loss);
+    encoder_decoder takes (source, target) lengths."""
     if arch == "decoder_only":
         # One causal sequence: source (ends in EOS), BOS as separator, target, EOS.
         seqs = [np.concatenate([data.src[i], [BOS], data.tgt[i], [EOS]]) for i in idx]
@@ -158,10 +166,11 @@ def collate_seq2seq(data: Seq2SeqData, idx: list[int], arch: str, length: int | 
         for row, i in enumerate(idx):  # no loss on predicting the source or the separator
             out[row, : len(data.src[i])] = PAD
         return {"src": None, "tgt_in": inp, "tgt_out": out}
+    src_len, tgt_len = length if isinstance(length, tuple) else (length, length)
     return {
-        "src": pad_rows([data.src[i] for i in idx], length, rows),
-        "tgt_in": pad_rows([np.concatenate([[BOS], data.tgt[i]]) for i in idx], length, rows),
-        "tgt_out": pad_rows([np.concatenate([data.tgt[i], [EOS]]) for i in idx], length, rows),
+        "src": pad_rows([data.src[i] for i in idx], src_len, rows),
+        "tgt_in": pad_rows([np.concatenate([[BOS], data.tgt[i]]) for i in idx], tgt_len, rows),
+        "tgt_out": pad_rows([np.concatenate([data.tgt[i], [EOS]]) for i in idx], tgt_len, rows),
     }
 
 
