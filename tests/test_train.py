@@ -257,3 +257,26 @@ def test_prefetch_and_static_shapes_keep_metrics_byte_identical(workdir):
     # 300 short examples: a handful of buckets, against a new shape for most dynamic batches
     assert static["batch_shapes"] <= 12 < dynamic["batch_shapes"]
     assert static["warmup_s"] >= 0
+
+
+def test_gpu_slots_several_jobs_per_gpu_spread_first(tmp_path):
+    """PIPELINE_JOBS_PER_GPU=2 on two GPUs: four jobs run, two per GPU, the first two on
+    different GPUs; a fifth finds no slot."""
+    code = ("import sys, time; from pipeline_src.gpu_slots import claim_gpu; "
+            "print(claim_gpu(n_gpus=2, wait_s=float(sys.argv[1]), poll_s=0.05), flush=True); time.sleep(float(sys.argv[2]))")
+    env = _env(PIPELINE_GPU_LOCK_DIR=str(tmp_path), PIPELINE_JOBS_PER_GPU="2")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    holders, claimed = [], []
+    for _ in range(4):  # one after the other, so the order of claims is known
+        holders.append(subprocess.Popen([sys.executable, "-c", code, "5", "30"], env=env, stdout=subprocess.PIPE,
+                                        text=True))
+        claimed.append(int(holders[-1].stdout.readline()))
+    assert claimed[:2] == [0, 1] and sorted(claimed) == [0, 0, 1, 1]
+    fifth = subprocess.run([sys.executable, "-c", code, "0.3", "0"], env=env, capture_output=True, text=True)
+    assert fifth.returncode != 0 and "no free GPU among 2 (x 2 jobs each)" in fifth.stderr
+    bad = subprocess.run([sys.executable, "-c", code, "0.3", "0"], env=dict(env, PIPELINE_JOBS_PER_GPU="0"),
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "PIPELINE_JOBS_PER_GPU='0'" in bad.stderr
+    for h in holders:
+        h.kill()
+        h.wait()
