@@ -64,3 +64,28 @@ def test_leaking_cell_is_marked():
     study = load_study(ROOT / "workflow/studies/demo/params.yaml")
     assert study.cell("grammar", "encoder_only").leaks_future
     assert not study.cell("grammar", "baseline").leaks_future
+
+
+def test_validate_prints_the_study_compute_estimate(tmp_path, monkeypatch):
+    """Training tokens x 3 x FLOPs per token, summed over cells and seeds; hours from the
+    achieved FLOP/s of the last real-cell benchmark record."""
+    from pipeline_src import estimate
+    from pipeline_src.model import ModelConfig, flops_per_token
+
+    study = load_study(FIXTURES / "valid_tiny.yaml")
+    t = study.cell("reorder", "baseline").train
+    mcfg = ModelConfig(vocab_size=60, pad_id=0, bos_id=2, eos_id=3, **study.cell("reorder", "baseline").model)
+    tokens = t.max_steps * t.batch_tokens
+    assert estimate.job_compute(study, "reorder", "baseline") == (tokens, 3 * flops_per_token(mcfg, 256, 256) * tokens)
+    record = tmp_path / "real_cell.json"
+    record.write_text('{"results": {"cost": {"mfu": 0.5, "peak_flops": 2e12, "device_name": "X"}}}')
+    monkeypatch.setattr(estimate, "BENCH_FILES", (tmp_path / "missing.json", record))
+    monkeypatch.setattr(estimate, "ROOT", tmp_path)
+    total = sum(estimate.job_compute(study, "reorder", c)[1] for c in ("baseline", "pe_none"))
+    text = estimate.summary(study)
+    assert f"{total:.3g} FLOPs" in text and f"{total / 1e12 / 60:.1f} device-minutes at 1.0 TFLOP/s" in text
+    monkeypatch.setattr(estimate, "BENCH_FILES", ())
+    assert "no real-cell benchmark yet" in estimate.summary(study)
+    proc = subprocess.run([sys.executable, "-m", "pipeline_src", "validate", "--params", str(FIXTURES / "valid_tiny.yaml")],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert proc.returncode == 0 and "estimated training compute" in proc.stdout
