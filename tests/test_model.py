@@ -745,3 +745,27 @@ def test_sdpa_is_causal_equals_explicit_causal_mask():
     assert weights.triu(diagonal=1).abs().max() == 0  # no weight on a future key
     with pytest.raises(ValueError, match="is_causal takes no mask"):
         scaled_dot_product_attention(q, k, v, torch.ones(5, 5, dtype=torch.bool), is_causal=True)
+
+
+@pytest.mark.parametrize("arch", CAUSAL_ARCHS)
+def test_kv_cache_is_written_in_place_and_decoding_is_unchanged(arch):
+    """The self-attention cache is a preallocated buffer written in place (no torch.cat per step);
+    it grows past its first capacity, and greedy/beam outputs equal full recomputation."""
+    model = make(arch, pos_encoding="rope", max_len=256)
+    src = padded(SOURCES)
+    state = _DecodeState(model, src, use_cache=True)
+    pointers = []
+    for step in range(40):  # beyond the first capacity (16): the buffer doubles, then stays put
+        state.next_log_probs()
+        state.append(torch.full((src.size(0),), 5 + step % 7))
+        pointers.append(state.cache[0]["self"]["k_buf"].data_ptr())
+    assert state.cache[0]["self"]["k"].size(2) == state.tokens.size(1) - 1
+    assert len(set(pointers)) <= 4 and pointers[-1] == pointers[-5]
+    eos = model.cfg.eos_id
+    never_eos = model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([eos]), -1e9))
+    try:
+        assert greedy_decode(model, src, 40, use_cache=True) == greedy_decode(model, src, 40, use_cache=False)
+        assert (beam_search(model, src, beam_size=3, max_len=30, use_cache=True)
+                == beam_search(model, src, beam_size=3, max_len=30, use_cache=False))
+    finally:
+        never_eos.remove()

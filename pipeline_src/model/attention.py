@@ -85,6 +85,43 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     return weights @ v, weights
 
 
+def append_kv(cache: dict, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Write this step's keys/values (B, H, T, d) into the layer's cache in place and return the
+    whole cached (B, H, n + T, d) as views. The buffers are preallocated with room to grow
+    (doubling), so a decoding step writes T positions instead of copying the whole past with a
+    torch.cat. cache["k"]/["v"] are the filled part, cache["n"] its length."""
+    n, T = cache.get("n", 0), k.size(2)
+    buf = cache.get("k_buf")
+    if buf is None or n + T > buf.size(2):
+        capacity = max(2 * (n + T), 16)
+        k_buf, v_buf = (t.new_empty(t.size(0), t.size(1), capacity, t.size(3)) for t in (k, v))
+        if n:
+            k_buf[:, :, :n], v_buf[:, :, :n] = cache["k"], cache["v"]
+        cache["k_buf"], cache["v_buf"] = k_buf, v_buf
+    cache["k_buf"][:, :, n:n + T] = k
+    cache["v_buf"][:, :, n:n + T] = v
+    cache["n"] = n + T
+    cache["k"], cache["v"] = cache["k_buf"][:, :, :n + T], cache["v_buf"][:, :, :n + T]
+    return cache["k"], cache["v"]
+
+
+def reorder_kv(cache: dict, rows: Tensor) -> None:
+    """New row i of a layer's cache is old row rows[i] (beam search). Only the filled part moves;
+    the same number of rows is reordered inside the existing buffers."""
+    if "k_buf" not in cache:  # cross-attention: K/V of the memory, computed once
+        for name in ("k", "v"):
+            if name in cache:
+                cache[name] = cache[name][rows]
+        return
+    n = cache["n"]
+    for name in ("k", "v"):
+        buf, moved = cache[f"{name}_buf"], cache[name][rows]
+        if len(rows) != buf.size(0):
+            buf = cache[f"{name}_buf"] = buf.new_empty(len(rows), *buf.shape[1:])
+        buf[:, :, :n] = moved
+        cache[name] = buf[:, :, :n]
+
+
 class MultiHeadAttention(nn.Module):
     """h heads computed as one batched matmul: project once, then view D as (h, d_k).
 
@@ -136,10 +173,7 @@ class MultiHeadAttention(nn.Module):
                 # Rotate before caching: a cached key keeps the position it was written at.
                 q, k = self.rope(q, positions), self.rope(k, positions)
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat((cache["k"], k), dim=2)                   # (B, H, T_past + T, d_k)
-                    v = torch.cat((cache["v"], v), dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = append_kv(cache, k, v)                               # (B, H, T_past + T, d_k)
         dropout_p = self.attention_dropout if self.training else 0.0
         out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, self.impl, self.store_weights,
                                                    is_causal)
