@@ -755,7 +755,7 @@ def test_kv_cache_is_written_in_place_and_decoding_is_unchanged(arch):
     src = padded(SOURCES)
     state = _DecodeState(model, src, use_cache=True)
     pointers = []
-    for step in range(40):  # beyond the first capacity (16): the buffer doubles, then stays put
+    for step in range(40):  # beyond the first capacity (prefix + 32): one reallocation, then in place
         state.next_log_probs()
         state.append(torch.full((src.size(0),), 5 + step % 7))
         pointers.append(state.cache[0]["self"]["k_buf"].data_ptr())

@@ -87,13 +87,13 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
 
 def append_kv(cache: dict, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """Write this step's keys/values (B, H, T, d) into the layer's cache in place and return the
-    whole cached (B, H, n + T, d) as views. The buffers are preallocated with room to grow
-    (doubling), so a decoding step writes T positions instead of copying the whole past with a
-    torch.cat. cache["k"]/["v"] are the filled part, cache["n"] its length."""
+    whole cached (B, H, n + T, d) as views. The buffers are preallocated with room for 32 more
+    positions, so a decoding step writes T positions instead of copying the whole past with a
+    torch.cat (one reallocation every 32 steps). cache["k"]/["v"] are the filled part, cache["n"] its length."""
     n, T = cache.get("n", 0), k.size(2)
     buf = cache.get("k_buf")
     if buf is None or n + T > buf.size(2):
-        capacity = max(2 * (n + T), 16)
+        capacity = n + T + 32  # beam search re-gathers the buffer every step: little slack
         k_buf, v_buf = (t.new_empty(t.size(0), t.size(1), capacity, t.size(3)) for t in (k, v))
         if n:
             k_buf[:, :, :n], v_buf[:, :, :n] = cache["k"], cache["v"]
@@ -106,8 +106,8 @@ def append_kv(cache: dict, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def reorder_kv(cache: dict, rows: Tensor) -> None:
-    """New row i of a layer's cache is old row rows[i] (beam search). Only the filled part moves;
-    the same number of rows is reordered inside the existing buffers."""
+    """New row i of a layer's cache is old row rows[i] (beam search): one gather of each buffer
+    (copying back into the old buffer instead measured slower on CPU)."""
     if "k_buf" not in cache:  # cross-attention: K/V of the memory, computed once
         for name in ("k", "v"):
             if name in cache:
@@ -115,10 +115,7 @@ def reorder_kv(cache: dict, rows: Tensor) -> None:
         return
     n = cache["n"]
     for name in ("k", "v"):
-        buf, moved = cache[f"{name}_buf"], cache[name][rows]
-        if len(rows) != buf.size(0):
-            buf = cache[f"{name}_buf"] = buf.new_empty(len(rows), *buf.shape[1:])
-        buf[:, :, :n] = moved
+        buf = cache[f"{name}_buf"] = cache[f"{name}_buf"][rows]
         cache[name] = buf[:, :, :n]
 
 
