@@ -72,7 +72,7 @@ def write_report(name: str, title: str, results: dict, body_md: str, quick: bool
     machine = machine_info()
     record = {"benchmark": name, "quick": quick,
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "command": " ".join(["python", f"bench/bench_{name}.py", *sys.argv[1:]]),
+              "command": " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]]),
               "machine": machine, "versions": package_versions(), **results}
     where = machine.get("gpu") or machine["cpu"]
     head = [f"# {title}" + (" (QUICK smoke run: not a measurement)" if quick else ""), "",

@@ -71,6 +71,8 @@ def _run(args, study) -> int | None:
         jobs = build_jobs(study)
         print(f"{study.path}: study {study.name!r} is valid: {len(study.tasks)} tasks, "
               f"{len(jobs)} jobs ({sum(j.stage == 'train' for j in jobs)} training runs)")
+        from .estimate import summary
+        print(summary(study))
         return 0
     if stage == "download":
         from .data.download import run

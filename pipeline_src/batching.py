@@ -7,14 +7,22 @@ A batch is a dict of LongTensors:
   language model   src None   tgt_in (B,L)  tgt_out (B,L)        contiguous windows of the token stream
 Batch order is a pure function of (seed, epoch), so the data position needed to resume exactly
 is just (epoch, index into that epoch's batch list).
+
+Static shapes (train.length_buckets > 0): every sequence is padded up to a fixed grid of lengths
+and every batch of a bucket has the same number of rows, so a GPU step meets only a few distinct
+shapes (torch.compile compiles each once; see seq2seq_bucket_batches). A batch plan is then
+(indices, length, rows); with dynamic shapes it is (indices, None, None).
 """
 from __future__ import annotations
 
+import queue
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .config import bucket_length  # noqa: F401  (the grid lives beside the positions check)
 from .data.tokens import BOS, EOS, PAD, load_sequences
 
 
@@ -91,27 +99,76 @@ def seq2seq_batches(data: Seq2SeqData, batch_tokens: int, arch: str, seed: int |
     return batches
 
 
-def pad_rows(rows: list[np.ndarray]) -> torch.Tensor:
-    out = np.full((len(rows), max(len(r) for r in rows)), PAD, dtype=np.int64)
+def _padded_len(data: Seq2SeqData, i: int, arch: str) -> int:
+    """Columns example i occupies in a batch (see collate_seq2seq)."""
+    if arch == "decoder_only":
+        return len(data.src[i]) + len(data.tgt[i]) + 1
+    return max(len(data.src[i]), len(data.tgt[i]) + 1)
+
+
+def seq2seq_bucket_batches(data: Seq2SeqData, batch_tokens: int, arch: str, per_octave: int, seed: int | None,
+                           epoch: int = 0) -> list[tuple[list[int], int | tuple[int, int], int]]:
+    """Static-shape batch plans (indices, length, rows): each example goes to the bucket of its
+    length rounded up by bucket_length; a bucket of n examples is cut into the fewest batches of
+    at most batch_tokens // length rows, all with the same row count (the last is filled with
+    empty rows). Bucket membership depends on lengths only, so every epoch has the same shapes,
+    one per bucket; only the order of examples within buckets and of the batches is shuffled.
+
+    encoder_decoder: length is (source columns, target columns), each the grid length of the
+    bucket's longest source / target, so a long article does not pad its short summary."""
+    n = len(data)
+    lengths = np.array([bucket_length(_padded_len(data, i, arch), per_octave) for i in range(n)], dtype=np.int64)
+    rng = np.random.default_rng([seed, epoch]) if seed is not None else None
+    order = rng.permutation(n) if rng is not None else np.arange(n)
+    plans = []
+    for length in np.unique(lengths):
+        members = order[lengths[order] == length]
+        shape = int(length)
+        if arch == "encoder_decoder":
+            shape = (bucket_length(max(len(data.src[i]) for i in members), per_octave),
+                     bucket_length(max(len(data.tgt[i]) + 1 for i in members), per_octave))
+        cap = max(1, batch_tokens // int(length))
+        n_batches = -(-len(members) // cap)
+        rows = -(-len(members) // n_batches)
+        plans += [(members[b * rows:(b + 1) * rows].tolist(), shape, rows) for b in range(n_batches)]
+    if rng is not None:
+        plans = [plans[i] for i in rng.permutation(len(plans))]
+    return plans
+
+
+def pad_rows(rows: list[np.ndarray], length: int | None = None, n_rows: int | None = None) -> torch.Tensor:
+    """Right-padded (n_rows, length) tensor; defaults: as many rows as given, the longest row."""
+    length = length or max(len(r) for r in rows)
+    out = np.full((n_rows or len(rows), length), PAD, dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return torch.from_numpy(out)
 
 
-def collate_seq2seq(data: Seq2SeqData, idx: list[int], arch: str) -> dict:
+def collate_seq2seq(data: Seq2SeqData, idx: list[int], arch: str, length: int | tuple[int, int] | None = None,
+                    rows: int | None = None) -> dict:
+    """length/rows: pad to that static shape (empty rows are all PAD, so they carry no loss);
+    encoder_decoder takes (source, target) lengths."""
     if arch == "decoder_only":
         # One causal sequence: source (ends in EOS), BOS as separator, target, EOS.
         seqs = [np.concatenate([data.src[i], [BOS], data.tgt[i], [EOS]]) for i in idx]
-        inp = pad_rows([s[:-1] for s in seqs])
-        out = pad_rows([s[1:] for s in seqs])
+        inp = pad_rows([s[:-1] for s in seqs], length, rows)
+        out = pad_rows([s[1:] for s in seqs], length, rows)
         for row, i in enumerate(idx):  # no loss on predicting the source or the separator
             out[row, : len(data.src[i])] = PAD
         return {"src": None, "tgt_in": inp, "tgt_out": out}
+    src_len, tgt_len = length if isinstance(length, tuple) else (length, length)
     return {
-        "src": pad_rows([data.src[i] for i in idx]),
-        "tgt_in": pad_rows([np.concatenate([[BOS], data.tgt[i]]) for i in idx]),
-        "tgt_out": pad_rows([np.concatenate([data.tgt[i], [EOS]]) for i in idx]),
+        "src": pad_rows([data.src[i] for i in idx], src_len, rows),
+        "tgt_in": pad_rows([np.concatenate([[BOS], data.tgt[i]]) for i in idx], tgt_len, rows),
+        "tgt_out": pad_rows([np.concatenate([data.tgt[i], [EOS]]) for i in idx], tgt_len, rows),
     }
+
+
+def pad_slots(batch: dict) -> tuple[int, int]:
+    """(PAD slots, all slots) of the model's inputs: the compute spent on padding."""
+    inputs = [t for t in (batch["src"], batch["tgt_in"]) if t is not None]
+    return sum(int((t == PAD).sum()) for t in inputs), sum(t.numel() for t in inputs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,10 +186,87 @@ def lm_batches(n_windows: int, rows: int, seed: int | None, epoch: int = 0) -> l
     return [order[i: i + rows].tolist() for i in range(0, n_windows, rows)]
 
 
-def collate_lm(stream: np.ndarray, starts: np.ndarray, idx: list[int], seq_len: int) -> dict:
+def collate_lm(stream: np.ndarray, starts: np.ndarray, idx: list[int], seq_len: int, rows: int | None = None) -> dict:
+    """rows: pad to the static shape (rows, seq_len). `unpadded` marks a batch of full windows
+    only: the model may then use plain causal attention with no mask (is_causal SDPA)."""
     chunks = [stream[starts[i]: starts[i] + seq_len + 1] for i in idx]
-    return {"src": None, "tgt_in": pad_rows([c[:-1] for c in chunks]), "tgt_out": pad_rows([c[1:] for c in chunks])}
+    length = seq_len if rows else None
+    unpadded = all(len(c) == seq_len + 1 for c in chunks) and (rows or len(idx)) == len(idx)
+    return {"src": None, "tgt_in": pad_rows([c[:-1] for c in chunks], length, rows),
+            "tgt_out": pad_rows([c[1:] for c in chunks], length, rows), "unpadded": unpadded}
 
 
 def to_device(batch: dict, device) -> dict:
     return {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# The training stream and its prefetcher
+
+
+def batch_stream(plans_for_epoch, collate, epoch: int, index: int):
+    """Yields (epoch, index of the next batch, collated batch) forever, from data position
+    (epoch, index): the position a resumed run saved. plans_for_epoch(e) -> that epoch's plans;
+    collate(plan) -> batch. A pure function of its arguments, so a background thread may run it."""
+    while True:
+        plans = plans_for_epoch(epoch)
+        for i in range(index, len(plans)):
+            yield epoch, i + 1, collate(plans[i])
+        epoch, index = epoch + 1, 0
+
+
+class Prefetcher:
+    """Runs an iterator in a background thread `depth` items ahead, pinning each batch's tensors
+    (pin=True) so the copy to the GPU can run asynchronously (to_device uses non_blocking). The
+    items are the iterator's own, in its order: training sees the same batches with or without it."""
+
+    _END = object()
+
+    def __init__(self, iterator, depth: int = 2, pin: bool = False):
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, args=(iterator, pin), daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fill(self, iterator, pin: bool) -> None:
+        try:
+            for item in iterator:
+                if pin:  # item = (..., batch dict)
+                    item = item[:-1] + ({k: (v.pin_memory() if isinstance(v, torch.Tensor) else v)
+                                         for k, v in item[-1].items()},)
+                if not self._put(item):
+                    return
+        except BaseException as e:  # handed to the consumer, raised there
+            self._put(e)
+            return
+        self._put(self._END)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._queue.get()
+        if item is self._END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def close(stream) -> None:
+    """Stop a Prefetcher's thread; a plain generator needs nothing."""
+    if isinstance(stream, Prefetcher):
+        stream.close()

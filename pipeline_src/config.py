@@ -10,6 +10,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +61,11 @@ class TrainConfig:
     precision: str = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
     compile: bool = False
     average_last: int = 0  # average the last N saved checkpoints into the final model
-    log_every: int = 10
+    log_every: int = 10  # also how often the step's loss and grad norm are read back (a host sync)
+    # Speed (issue 11). length_buckets N > 0: static batch shapes, lengths rounded up to a grid of
+    # N lengths per doubling (batching.seq2seq_bucket_batches); 0 = token-budget batches of any shape.
+    length_buckets: int = 0
+    prefetch: bool | None = None  # collate batches in a background thread; null = on for CUDA only
 
 
 @dataclass(frozen=True)
@@ -333,6 +338,15 @@ def load_study(path: str | Path) -> Study:
 # run time, often after download, filter and BPE have run (on a GPU study: found late).
 
 
+def bucket_length(n: int, per_octave: int) -> int:
+    """n rounded up to a grid with `per_octave` lengths per doubling: 1..per_octave exactly, then
+    steps of 2^k / per_octave, so a row is padded by less than 1/per_octave of its length."""
+    if n <= per_octave:
+        return n
+    step = 2 ** int(math.log2(n)) // per_octave
+    return -(-n // step) * step
+
+
 def positions_needed(kind: str, arch: str, train: TrainConfig) -> tuple[int, str, str]:
     """(the most positions one sequence of a cell occupies, how, the keys that set it).
 
@@ -350,13 +364,26 @@ def positions_needed(kind: str, arch: str, train: TrainConfig) -> tuple[int, str
     return max(train.max_src_len, train.max_tgt_len), key, key
 
 
+def positions_padded(kind: str, arch: str, train: TrainConfig) -> tuple[int, str, str]:
+    """positions_needed, after static-shape buckets round a translation batch's width up to the
+    bucket grid (batching.seq2seq_bucket_batches): a padded column still looks up a position."""
+    need, how, keys = positions_needed(kind, arch, train)
+    if kind == "lm" or not train.length_buckets:
+        return need, how, keys
+    padded = bucket_length(need, train.length_buckets)
+    if padded == need:
+        return need, how, keys
+    return padded, f"{how}, rounded up to the bucket grid of train.length_buckets {train.length_buckets}", \
+        f"{keys} or train.length_buckets"
+
+
 def _check_positions(study: Study, task: str, cell: CellConfig) -> None:
     # Learned and sinusoidal tables have max_len rows: a longer sequence is an IndexError in the
     # first batch. RoPE and no encoding have no table, but max_len is still the model's declared
     # context, and a positional-encoding ablation compares cells that differ in the encoding
     # only: a cell that passed only because its encoding has no table would be the odd one out.
     # So the rule is the same for every encoding (raising max_len costs rope/none nothing).
-    need, how, keys = positions_needed(cell.kind, cell.model["arch"], cell.train)
+    need, how, keys = positions_padded(cell.kind, cell.model["arch"], cell.train)
     have = cell.model["max_len"]
     if need > have:
         raise ConfigError(

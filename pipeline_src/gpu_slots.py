@@ -8,6 +8,11 @@ SIGKILL, so a crashed job never leaves a GPU claimed.
 
 If the scheduler already chose (CUDA_VISIBLE_DEVICES set by SLURM or by hand), that choice is
 respected: the job claims among the GPUs it can see.
+
+Several jobs per GPU: a small task's cell cannot fill a large GPU alone, so
+PIPELINE_JOBS_PER_GPU=K gives every GPU K slots (one lock file each); run Snakemake with
+`--resources gpu=<GPUs x K>`. Jobs spread over the GPUs first (slot 0 of every GPU, then slot 1,
+...), so K only matters once every GPU is busy.
 """
 from __future__ import annotations
 
@@ -37,29 +42,41 @@ def _visible_key(index: int) -> str:
     return str(index)
 
 
+def jobs_per_gpu() -> int:
+    """K from PIPELINE_JOBS_PER_GPU (default 1)."""
+    raw = os.environ.get("PIPELINE_JOBS_PER_GPU", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        from .common import StageError
+        raise StageError(f"PIPELINE_JOBS_PER_GPU={raw!r}: must be an integer >= 1")
+    return int(raw)
+
+
 def claim_gpu(n_gpus: int | None = None, wait_s: float = 3600.0, poll_s: float = 2.0) -> int:
-    """Index (as torch sees it) of a GPU no other job holds; waits while all are taken."""
+    """Index (as torch sees it) of a GPU with a slot no other job holds; waits while all are taken."""
     if n_gpus is None:
         import torch
         n_gpus = torch.cuda.device_count()
-    if n_gpus <= 1:
+    per_gpu = jobs_per_gpu()
+    if n_gpus <= 1:  # nothing to choose: Snakemake's --resources gpu=K already caps the jobs
         return 0
     deadline = time.monotonic() + wait_s
     while True:
-        for index in range(n_gpus):
-            handle = open(lock_dir() / f"gpu{_visible_key(index)}.lock", "a+")
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                continue
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"{os.getpid()}\n")
-            handle.flush()
-            _held.append(handle)
-            return index
+        for slot in range(per_gpu):
+            for index in range(n_gpus):
+                name = f"gpu{_visible_key(index)}.lock" if slot == 0 else f"gpu{_visible_key(index)}.slot{slot}.lock"
+                handle = open(lock_dir() / name, "a+")
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    handle.close()
+                    continue
+                handle.seek(0)
+                handle.truncate()
+                handle.write(f"{os.getpid()}\n")
+                handle.flush()
+                _held.append(handle)
+                return index
         if time.monotonic() > deadline:
-            raise TimeoutError(f"no free GPU among {n_gpus} after {wait_s:.0f} s (locks in {lock_dir()})")
+            raise TimeoutError(f"no free GPU among {n_gpus} (x {per_gpu} jobs each) after {wait_s:.0f} s "
+                               f"(locks in {lock_dir()})")
         time.sleep(poll_s)
-

@@ -31,6 +31,7 @@ from .data.tokens import BOS, EOS, PAD, load_spm
 from .gpu_slots import claim_gpu
 from .model import ModelConfig, Transformer, count_parameters, flops_per_token
 from .stages import SCRATCH, output_path
+from .step_meter import StepMeter
 
 LOG_COLUMNS = ["step", "epoch", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mem_mb"]
 
@@ -84,7 +85,7 @@ def target_tokens(batch: dict) -> int:
 
 def sequence_loss(model, batch: dict, label_smoothing: float = 0.0, reduction: str = "sum") -> torch.Tensor:
     """Summed cross-entropy over the target tokens (PAD ignored)."""
-    logits = model(batch["src"], batch["tgt_in"])
+    logits = model(batch["src"], batch["tgt_in"], unpadded=batch.get("unpadded", False))
     target = batch["tgt_out"]
     loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=PAD,
                            label_smoothing=label_smoothing, reduction=reduction)
@@ -113,25 +114,30 @@ class TaskData:
         if self.epoch_batches(0) == []:
             raise StageError(f"task {cell.task}: the training split is empty after encoding")
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
+    def epoch_batches(self, epoch: int, seed: int | None = -1, split: str = "train") -> list[tuple]:
+        """Batch plans (indices, length, rows) of one epoch; length/rows are None for dynamic
+        shapes. seed None keeps file order (validation)."""
         t = self.cell.train
+        seed = self.seed if seed == -1 else seed
+        static = t.length_buckets > 0
         if self.cell.kind == "lm":
-            return batching.lm_batches(len(self.train_starts), self.rows, self.seed, epoch)
-        return batching.seq2seq_batches(self.train, t.batch_tokens, self.arch, self.seed, epoch)
+            n = len(self.train_starts if split == "train" else self.val_starts)
+            return [(idx, None, self.rows if static else None) for idx in batching.lm_batches(n, self.rows, seed, epoch)]
+        data = self.train if split == "train" else self.val
+        if static:
+            return batching.seq2seq_bucket_batches(data, t.batch_tokens, self.arch, t.length_buckets, seed, epoch)
+        return [(idx, None, None) for idx in batching.seq2seq_batches(data, t.batch_tokens, self.arch, seed, epoch)]
 
-    def train_batch(self, idx: list[int]) -> dict:
+    def train_batch(self, plan: tuple, split: str = "train") -> dict:
+        idx, length, rows = plan
         if self.cell.kind == "lm":
-            return batching.collate_lm(self.train_stream, self.train_starts, idx, self.cell.train.lm_seq_len)
-        return batching.collate_seq2seq(self.train, idx, self.arch)
+            stream, starts = (self.train_stream, self.train_starts) if split == "train" else (self.val_stream, self.val_starts)
+            return batching.collate_lm(stream, starts, idx, self.cell.train.lm_seq_len, rows)
+        return batching.collate_seq2seq(self.train if split == "train" else self.val, idx, self.arch, length, rows)
 
     def val_batches(self):
-        t = self.cell.train
-        if self.cell.kind == "lm":
-            for idx in batching.lm_batches(len(self.val_starts), self.rows, None):
-                yield batching.collate_lm(self.val_stream, self.val_starts, idx, t.lm_seq_len)
-        else:
-            for idx in batching.seq2seq_batches(self.val, t.batch_tokens, self.arch, None):
-                yield batching.collate_seq2seq(self.val, idx, self.arch)
+        for plan in self.epoch_batches(0, seed=None, split="validation"):
+            yield self.train_batch(plan, split="validation")
 
 
 @torch.no_grad()
@@ -237,8 +243,13 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     # Token-budget batches change shape every step, and each new shape costs a compilation until
     # torch marks the sizes dynamic: measured on an H100 host with the base model, 12 steps in a
     # 150 s budget (eager: 2165); dynamic=True from the start was worse (one 150 s compilation).
-    # So compile is for long runs only, and off by default.
-    step_fn = torch.compile(model) if (t.compile and device.type == "cuda") else model
+    # With train.length_buckets the shapes are a fixed few: one static compilation per bucket
+    # (cost.json: batch_shapes, warmup_s), and the recompile limit must let every bucket compile.
+    step_fn = model
+    if t.compile and device.type == "cuda":
+        if t.length_buckets:
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
+        step_fn = torch.compile(model, dynamic=False if t.length_buckets else None)
     if world > 1:
         step_fn = torch.nn.parallel.DistributedDataParallel(step_fn, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -268,9 +279,27 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model.train()
-    started, timed_tokens, timed_s = time.perf_counter(), 0, 0.0
-    batches = data.epoch_batches(state["epoch"])
+    started, meter = time.perf_counter(), StepMeter(device)
+    # Batches in training order from the saved data position; collated ahead in a thread (into
+    # pinned memory on CUDA) unless train.prefetch is false. Same batches either way.
+    stream = batching.batch_stream(data.epoch_batches, data.train_batch, state["epoch"], state["batch_in_epoch"])
+    if t.prefetch or (t.prefetch is None and device.type == "cuda"):
+        stream = batching.Prefetcher(stream, depth=4, pin=device.type == "cuda")
     bar = progress(total=t.max_steps, initial=state["step"], desc=f"train {task}/{cell_name}/s{seed}", unit="step")
+
+    def read_steps():
+        """The steps since the last read (one host sync). A non-finite loss stops the run; the
+        state on disk is older than it, because a save always comes right after a read."""
+        steps, tokens_per_s = meter.read()
+        bad = next((s_ for s_, loss_, _, _ in steps if not math.isfinite(loss_)), None)
+        if bad is not None:
+            bar.close()
+            batching.close(stream)
+            raise StageError(
+                f"{task}/{cell_name}/seed{seed}: non-finite training loss at step {bad}; "
+                f"the last good state is kept in {state_path} (lower lr or enable clipping)")
+        return steps, tokens_per_s
+
     while state["step"] < t.max_steps and "stop_reason" not in state:
         if t.max_epochs is not None and state["epoch"] >= t.max_epochs:
             state["stop_reason"] = "max_epochs"
@@ -278,21 +307,16 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         if t.time_budget_s is not None and time.perf_counter() - started > t.time_budget_s:
             state["stop_reason"] = "time_budget"
             break
-        tick = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        step_tokens, loss_sum = 0, torch.zeros((), device=device)
         micro = []
         for _ in range(t.grad_accum):
-            if state["batch_in_epoch"] >= len(batches):
-                state["epoch"] += 1
-                state["batch_in_epoch"] = 0
-                batches = data.epoch_batches(state["epoch"])
-            micro.append(data.train_batch(batches[state["batch_in_epoch"]]))
-            state["batch_in_epoch"] += 1
-        total_tokens = sum(target_tokens(b) for b in micro)  # over the global batch
-        for batch in micro:
-            part = shard(batch, rank, world)
-            step_tokens += target_tokens(part)
+            state["epoch"], state["batch_in_epoch"], batch = next(stream)
+            micro.append(batch)
+        total_tokens = sum(target_tokens(b) for b in micro)  # over the global batch, on the host copies
+        parts = [shard(b, rank, world) for b in micro]
+        step_tokens, loss_sum = sum(target_tokens(p) for p in parts), torch.zeros((), device=device)
+        meter.start_step(parts)
+        for part in parts:
             with autocast(device, t.precision):
                 loss = sequence_loss(step_fn, batching.to_device(part, device), t.label_smoothing)
             # DDP averages gradients over ranks; scaling by `world` turns that into the sum, so the
@@ -302,33 +326,22 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm or float("inf"))
         optimizer.step()
         scheduler.step()
-        # The step's one host-device sync, after the whole update is queued. A non-finite loss
-        # stops the run here; the state on disk is from the last save, before this step.
-        step_loss = loss_sum.item()
-        if not math.isfinite(step_loss):
-            bar.close()
-            raise StageError(
-                f"{task}/{cell_name}/seed{seed}: non-finite training loss at step {state['step'] + 1}; "
-                f"the last good state is kept in {state_path} (lower lr or enable clipping)")
-        grad_norm = grad_norm.item()
         state["step"] += 1
         state["train_tokens"] += step_tokens
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - tick
-        timed_tokens, timed_s = timed_tokens + step_tokens, timed_s + elapsed
-        step, row = state["step"], None
-        if step % t.log_every == 0 or step == 1:
-            row = {"step": step, "epoch": state["epoch"], "train_loss": step_loss / max(step_tokens, 1), "val_loss": "",
-                   "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                   "tokens_per_s": step_tokens / max(elapsed, 1e-9), "mem_mb": _memory_mb(device)}
-            bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+        meter.end_step(state["step"], loss_sum, grad_norm, step_tokens)
+        step = state["step"]
+        evaluate_now = step % t.eval_every == 0 or step == t.max_steps
         bar.update(1)
-        if step % t.eval_every == 0 or step == t.max_steps:
+        if not (step % t.log_every == 0 or step == 1 or evaluate_now):
+            continue  # the loss stays on the device: no host sync on this step
+        steps, tokens_per_s = read_steps()
+        _, step_loss, grad_norm, step_tokens = steps[-1]
+        row = {"step": step, "epoch": state["epoch"], "train_loss": step_loss / max(step_tokens, 1), "val_loss": "",
+               "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
+               "mem_mb": _memory_mb(device)}
+        bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
+        if evaluate_now:
             val = validation_loss(model, data, device, t.precision)
-            row = row or {"step": step, "epoch": state["epoch"], "train_loss": step_loss / max(step_tokens, 1),
-                          "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
-                          "tokens_per_s": step_tokens / max(elapsed, 1e-9), "mem_mb": _memory_mb(device)}
             row["val_loss"] = val
             if val < state["best_val"]:
                 state.update(best_val=val, best_step=step, bad_evals=0)
@@ -342,16 +355,18 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
                     _save(scratch / name, _weights(model))
                 state["averaged"] = (state["averaged"] + [name])[-t.average_last:]
             state["final_val"] = val
-        if row is not None:
-            state["log"].append(row)
-        if step % t.eval_every == 0 or step == t.max_steps:
+        state["log"].append(row)
+        if evaluate_now:
             if t.patience and state["bad_evals"] >= t.patience:
                 state["stop_reason"] = "early_stopping"  # saved with the state: a resumed run stops too
             if rank == 0:
                 _save(state_path, {"fingerprint": fingerprint, "model": model.state_dict(),
                                    "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                                    "rng": _rng_state(), "state": state})
+            meter.restart_clock()
+    read_steps()  # a budget may have stopped the run between reads
     bar.close()
+    batching.close(stream)
     if world > 1:
         import torch.distributed as dist
         dist.destroy_process_group()
@@ -385,13 +400,14 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train,
         "stop_reason": state.get("stop_reason", "max_steps"), "eval_checkpoint": "averaged.pt" if state["averaged"] else "best.pt",
         "config": cell.to_dict(), "provenance": provenance(study, seed=seed)})
-    tokens_per_s = timed_tokens / max(timed_s, 1e-9)
+    tokens_per_s = meter.tokens_per_s
     atomic_write_json(out["cost"], {
         "wall_s": wall, "tokens_per_s": tokens_per_s, "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "cpu_count": os.cpu_count(), "peak_mem_mb": _memory_mb(device, peak=True), "precision": _precision_name(device, t.precision),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
-        "resumed_from_step": resumed_from})
+        "resumed_from_step": resumed_from, "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
+        "warmup_s": meter.warmup_s})
     shutil.rmtree(scratch, ignore_errors=True)
     print(f"trained {task}/{cell_name}/seed{seed}: {state['step']} steps, best val loss {state['best_val']:.4f} "
           f"(step {state['best_step']}), {tokens_per_s:.0f} tok/s on {device}", flush=True)

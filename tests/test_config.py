@@ -168,3 +168,45 @@ def test_an_unforeseen_stage_failure_is_one_line(tmp_path):
     assert "PIPELINE_TRACEBACK=1" in lines[0]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, env={**env, "PIPELINE_TRACEBACK": "1"})
     assert proc.returncode == 1 and "Traceback" in proc.stderr
+
+
+def test_validate_prints_the_study_compute_estimate(tmp_path, monkeypatch):
+    """Training tokens x 3 x FLOPs per token, summed over cells and seeds; hours from the
+    achieved FLOP/s of the last real-cell benchmark record."""
+    from pipeline_src import estimate
+    from pipeline_src.model import ModelConfig, flops_per_token
+
+    study = load_study(FIXTURES / "valid_tiny.yaml")
+    t = study.cell("reorder", "baseline").train
+    mcfg = ModelConfig(vocab_size=60, pad_id=0, bos_id=2, eos_id=3, **study.cell("reorder", "baseline").model)
+    tokens = t.max_steps * t.batch_tokens
+    assert estimate.job_compute(study, "reorder", "baseline") == (tokens, 3 * flops_per_token(mcfg, 256, 256) * tokens)
+    record = tmp_path / "real_cell.json"
+    record.write_text('{"results": {"cost": {"mfu": 0.5, "peak_flops": 2e12, "device_name": "X"}}}')
+    monkeypatch.setattr(estimate, "BENCH_FILES", (tmp_path / "missing.json", record))
+    monkeypatch.setattr(estimate, "ROOT", tmp_path)
+    total = sum(estimate.job_compute(study, "reorder", c)[1] for c in ("baseline", "pe_none"))
+    text = estimate.summary(study)
+    assert f"{total:.3g} FLOPs" in text and f"{total / 1e12 / 60:.1f} device-minutes at 1.0 TFLOP/s" in text
+    monkeypatch.setattr(estimate, "BENCH_FILES", ())
+    assert "no real-cell benchmark yet" in estimate.summary(study)
+    proc = subprocess.run([sys.executable, "-m", "pipeline_src", "validate", "--params", str(FIXTURES / "valid_tiny.yaml")],
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
+    assert proc.returncode == 0 and "estimated training compute" in proc.stdout
+
+
+def test_max_len_check_counts_the_bucket_grid(tmp_path):
+    """With static-shape buckets a batch is as wide as its bucket's grid length, and a padded
+    column still takes a position: 70 positions round up to 72 on a grid of 8 per doubling."""
+    from pipeline_src.config import bucket_length
+
+    assert bucket_length(70, 8) == 72
+    path = _positions_study(tmp_path, "translation", "decoder_only", "learned", 70)
+    raw = yaml.safe_load(path.read_text())
+    raw["tasks"]["reorder"]["train"]["length_buckets"] = 8
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="72 positions.*bucket grid of train.length_buckets 8"):
+        load_study(path)
+    raw["tasks"]["reorder"]["model"]["max_len"] = 72
+    path.write_text(yaml.safe_dump(raw))
+    assert load_study(path).cell("reorder", "cell").model["max_len"] == 72

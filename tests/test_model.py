@@ -712,3 +712,60 @@ def test_flops_per_token_is_twice_the_matmul_parameters_for_one_token():
     model = Transformer(cfg)
     matrix_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     assert flops_per_token(cfg, 0, 1) == 2 * matrix_weights + 3 * 4 * D
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("impl", ["explicit", "sdpa"])
+def test_unpadded_causal_path_equals_the_masked_path(arch, impl):
+    """unpadded=True (LM windows: is_causal SDPA, no mask tensor) computes what the explicit
+    padding + causal masks compute, in float64 to 1e-10, and its gradients agree too."""
+    model = make(arch, attention_impl=impl).double()
+    src, tgt = rand_ids(3, 7, 1), rand_ids(3, 9, 2)
+    masked = model(src_arg(model, src), tgt)
+    causal = model(src_arg(model, src), tgt, unpadded=True)
+    assert (masked - causal).abs().max() < 1e-10
+    model.train()  # dropout is 0.1 by default: compare gradients with it off
+    model.embed_dropout.p = 0.0
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    grads = []
+    for unpadded in (False, True):
+        model.zero_grad()
+        model(src_arg(model, src), tgt, unpadded=unpadded).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert all((a - b).abs().max() < 1e-8 for a, b in zip(*grads))
+
+
+def test_sdpa_is_causal_equals_explicit_causal_mask():
+    q, k, v = (torch.randn(2, 3, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    fused, _ = scaled_dot_product_attention(q, k, v, impl="sdpa", is_causal=True)
+    explicit, weights = scaled_dot_product_attention(q, k, v, impl="explicit", is_causal=True)
+    assert (fused - explicit).abs().max() < 1e-12
+    assert weights.triu(diagonal=1).abs().max() == 0  # no weight on a future key
+    with pytest.raises(ValueError, match="is_causal takes no mask"):
+        scaled_dot_product_attention(q, k, v, torch.ones(5, 5, dtype=torch.bool), is_causal=True)
+
+
+@pytest.mark.parametrize("arch", CAUSAL_ARCHS)
+def test_kv_cache_is_written_in_place_and_decoding_is_unchanged(arch):
+    """The self-attention cache is a preallocated buffer written in place (no torch.cat per step);
+    it grows past its first capacity, and greedy/beam outputs equal full recomputation."""
+    model = make(arch, pos_encoding="rope", max_len=256)
+    src = padded(SOURCES)
+    state = _DecodeState(model, src, use_cache=True)
+    pointers = []
+    for step in range(40):  # beyond the first capacity (prefix + 32): one reallocation, then in place
+        state.next_log_probs()
+        state.append(torch.full((src.size(0),), 5 + step % 7))
+        pointers.append(state.cache[0]["self"]["k_buf"].data_ptr())
+    assert state.cache[0]["self"]["k"].size(2) == state.tokens.size(1) - 1
+    assert len(set(pointers)) <= 4 and pointers[-1] == pointers[-5]
+    eos = model.cfg.eos_id
+    never_eos = model.lm_head.register_forward_hook(lambda m, i, out: out.index_fill(-1, torch.tensor([eos]), -1e9))
+    try:
+        assert greedy_decode(model, src, 40, use_cache=True) == greedy_decode(model, src, 40, use_cache=False)
+        assert (beam_search(model, src, beam_size=3, max_len=30, use_cache=True)
+                == beam_search(model, src, beam_size=3, max_len=30, use_cache=False))
+    finally:
+        never_eos.remove()

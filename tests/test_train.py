@@ -229,3 +229,54 @@ def test_checkpoint_averaging_writes_the_mean_of_the_last_evaluations(workdir, m
     assert json.loads(_outputs(workdir)[0].read_text())["eval_checkpoint"] == "averaged.pt"
     _, meta = train_mod.load_trained_model(ckpt)  # evaluation picks the averaged weights
     assert meta.get("averaged") == ["eval20.pt", "eval30.pt"]
+
+
+def test_prefetch_and_static_shapes_keep_metrics_byte_identical(workdir):
+    """The prefetch thread hands the loop the very batches it would have collated itself: the
+    metrics (config aside) and weights are identical with and without it, with dynamic and with static shapes. Static
+    shapes report their padding and the few shapes an epoch has in cost.json."""
+    metrics, ckpt, _ = _outputs(workdir)
+    cost = metrics.parent / "cost.json"
+    params = yaml.safe_load((workdir / "tiny.yaml").read_text())
+    results = {}
+    for buckets in (0, 4):
+        for prefetch in (False, True):
+            params["tasks"]["reorder"]["train"].update(prefetch=prefetch, length_buckets=buckets, max_steps=30)
+            (workdir / "variant.yaml").write_text(yaml.safe_dump(params))
+            _clear(workdir)
+            subprocess.run(_train_cmd("variant.yaml"), cwd=workdir, env=_env(), check=True, capture_output=True)
+            # the file also records the config (which names the prefetch setting): compare the rest
+            record = {k: v for k, v in json.loads(metrics.read_text()).items() if k not in ("config", "provenance")}
+            results[buckets, prefetch] = (json.dumps(record), json.loads(cost.read_text()), _weights(ckpt))
+    for buckets in (0, 4):
+        off, on = results[buckets, False], results[buckets, True]
+        assert off[0] == on[0] and all(torch.equal(off[2][k], on[2][k]) for k in off[2])
+    assert results[0, False][0] != results[4, False][0]  # buckets do change the batches
+    dynamic, static = results[0, True][1], results[4, True][1]
+    assert 0 < static["pad_fraction"] < 0.5 and 0 <= dynamic["pad_fraction"] < 0.5
+    # 300 short examples: a handful of buckets, against a new shape for most dynamic batches
+    assert static["batch_shapes"] <= 12 < dynamic["batch_shapes"]
+    assert static["warmup_s"] >= 0
+
+
+def test_gpu_slots_several_jobs_per_gpu_spread_first(tmp_path):
+    """PIPELINE_JOBS_PER_GPU=2 on two GPUs: four jobs run, two per GPU, the first two on
+    different GPUs; a fifth finds no slot."""
+    code = ("import sys, time; from pipeline_src.gpu_slots import claim_gpu; "
+            "print(claim_gpu(n_gpus=2, wait_s=float(sys.argv[1]), poll_s=0.05), flush=True); time.sleep(float(sys.argv[2]))")
+    env = _env(PIPELINE_GPU_LOCK_DIR=str(tmp_path), PIPELINE_JOBS_PER_GPU="2")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    holders, claimed = [], []
+    for _ in range(4):  # one after the other, so the order of claims is known
+        holders.append(subprocess.Popen([sys.executable, "-c", code, "5", "30"], env=env, stdout=subprocess.PIPE,
+                                        text=True))
+        claimed.append(int(holders[-1].stdout.readline()))
+    assert claimed[:2] == [0, 1] and sorted(claimed) == [0, 0, 1, 1]
+    fifth = subprocess.run([sys.executable, "-c", code, "0.3", "0"], env=env, capture_output=True, text=True)
+    assert fifth.returncode != 0 and "no free GPU among 2 (x 2 jobs each)" in fifth.stderr
+    bad = subprocess.run([sys.executable, "-c", code, "0.3", "0"], env=dict(env, PIPELINE_JOBS_PER_GPU="0"),
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "PIPELINE_JOBS_PER_GPU='0'" in bad.stderr
+    for h in holders:
+        h.kill()
+        h.wait()

@@ -53,14 +53,23 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                                  dropout_p: float = 0.0, impl: str = "explicit",
-                                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                                 need_weights: bool = False, is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
     """Eq. 1 on q (B, H, T_q, d_k), k (B, H, T_k, d_k), v (B, H, T_k, d_v) -> (B, H, T_q, d_v).
 
     impl "explicit" writes the softmax out; "sdpa" calls torch's fused kernel, which never
     materialises the (T_q, T_k) weights, so asking for the weights always takes the
     explicit path. Both see the identical additive mask, hence identical semantics.
+    is_causal (mask must be None, T_q == T_k): query i sees keys 0..i and nothing is padded;
+    SDPA then needs no mask tensor at all and may pick the flash kernel.
     Returns (output, weights or None).
     """
+    if is_causal:
+        if mask is not None:
+            raise ValueError("scaled_dot_product_attention: is_causal takes no mask")
+        if impl == "sdpa" and not need_weights:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+        T = q.size(-2)
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
     mask = additive_mask(mask, q.dtype)
     if mask is not None and mask.dtype != q.dtype:
         mask = mask.to(q.dtype)
@@ -74,6 +83,40 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
     return weights @ v, weights
+
+
+def append_kv(cache: dict, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Write this step's keys/values (B, H, T, d) into the layer's cache in place and return the
+    whole cached (B, H, n + T, d) as views. The buffers are preallocated with room for 32 more
+    positions, so a decoding step writes T positions instead of copying the whole past with a
+    torch.cat (one reallocation every 32 steps). cache["k"]/["v"] are the filled part, cache["n"] its length."""
+    n, T = cache.get("n", 0), k.size(2)
+    buf = cache.get("k_buf")
+    if buf is None or n + T > buf.size(2):
+        capacity = n + T + 32  # beam search re-gathers the buffer every step: little slack
+        k_buf, v_buf = (t.new_empty(t.size(0), t.size(1), capacity, t.size(3)) for t in (k, v))
+        if n:
+            k_buf[:, :, :n], v_buf[:, :, :n] = cache["k"], cache["v"]
+        cache["k_buf"], cache["v_buf"] = k_buf, v_buf
+    cache["k_buf"][:, :, n:n + T] = k
+    cache["v_buf"][:, :, n:n + T] = v
+    cache["n"] = n + T
+    cache["k"], cache["v"] = cache["k_buf"][:, :, :n + T], cache["v_buf"][:, :, :n + T]
+    return cache["k"], cache["v"]
+
+
+def reorder_kv(cache: dict, rows: Tensor) -> None:
+    """New row i of a layer's cache is old row rows[i] (beam search): one gather of each buffer
+    (copying back into the old buffer instead measured slower on CPU)."""
+    if "k_buf" not in cache:  # cross-attention: K/V of the memory, computed once
+        for name in ("k", "v"):
+            if name in cache:
+                cache[name] = cache[name][rows]
+        return
+    n = cache["n"]
+    for name in ("k", "v"):
+        buf = cache[f"{name}_buf"] = cache[f"{name}_buf"][rows]
+        cache[name] = buf[:, :, :n]
 
 
 class MultiHeadAttention(nn.Module):
@@ -107,11 +150,11 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None,
-                positions: Tensor | None = None, cache: dict | None = None) -> Tensor:
+                positions: Tensor | None = None, cache: dict | None = None, is_causal: bool = False) -> Tensor:
         """x (B, T, D) queries; context (B, S, D) memory for cross-attention (ignored when its
         K/V are already cached); positions (B, T) for RoPE; cache: a dict owned by this layer
         for incremental decoding. Self-attention appends this call's K/V to it; cross-attention
-        fills it once. Returns (B, T, D)."""
+        fills it once. is_causal: see scaled_dot_product_attention. Returns (B, T, D)."""
         B, T, D = x.shape
         if self.cross:
             q = self._heads(self.q_proj(x))
@@ -127,12 +170,10 @@ class MultiHeadAttention(nn.Module):
                 # Rotate before caching: a cached key keeps the position it was written at.
                 q, k = self.rope(q, positions), self.rope(k, positions)
             if cache is not None:
-                if "k" in cache:
-                    k = torch.cat((cache["k"], k), dim=2)                   # (B, H, T_past + T, d_k)
-                    v = torch.cat((cache["v"], v), dim=2)
-                cache["k"], cache["v"] = k, v
+                k, v = append_kv(cache, k, v)                               # (B, H, T_past + T, d_k)
         dropout_p = self.attention_dropout if self.training else 0.0
-        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, self.impl, self.store_weights)
+        out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, self.impl, self.store_weights,
+                                                   is_causal)
         if self.store_weights:
             self.last_weights = weights.detach()
         out = out.transpose(1, 2).reshape(B, T, D)                         # Concat(head_1..head_h)

@@ -2,7 +2,8 @@
 
 Generating token t+1 only needs the new token's query against the keys and values of
 tokens 0..t, and those never change in a causal model, so each decoder layer caches them:
-the self-attention cache grows by one position per step and the cross-attention K/V of the
+the self-attention cache grows by one position per step, written in place into a preallocated
+buffer (attention.append_kv) and the cross-attention K/V of the
 encoder memory are computed once. A step then costs O(t) instead of re-running O(t^2)
 attention over the whole prefix. use_cache=False does the full recomputation (tests,
 benchmarks, and encoder_only, whose bidirectional states change with every new token).
@@ -27,6 +28,7 @@ import math
 import torch
 from torch import Tensor
 
+from .attention import reorder_kv
 from .transformer import Transformer
 
 
@@ -79,8 +81,7 @@ class _DecodeState:
             for part_name, part in layer_cache.items():
                 if part_name == "cross" and within_sentence:
                     continue
-                for name in part:
-                    part[name] = part[name][rows]
+                reorder_kv(part, rows)
 
 
 def _length_limits(model: Transformer, src: Tensor, max_len: int | None, max_len_a: float,

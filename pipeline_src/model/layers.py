@@ -84,11 +84,12 @@ class DecoderLayer(_Layer):
         self.norm2 = nn.LayerNorm(cfg.d_model) if cross else None
         self.norm3 = nn.LayerNorm(cfg.d_model)
 
-    def forward(self, x: Tensor, self_mask: Tensor, positions: Tensor, memory: Tensor | None = None,
+    def forward(self, x: Tensor, self_mask: Tensor | None, positions: Tensor, memory: Tensor | None = None,
                 cross_mask: Tensor | None = None, cache: dict | None = None) -> Tensor:
         self_cache = cache["self"] if cache is not None else None
+        # self_mask None: no padding anywhere, so plain causal attention needs no mask tensor.
         x = self._sublayer(x, self.norm1, lambda h: self.self_attn(
-            h, mask=self_mask, positions=positions, cache=self_cache))
+            h, mask=self_mask, positions=positions, cache=self_cache, is_causal=self_mask is None))
         if self.cross_attn is not None:
             cross_cache = cache["cross"] if cache is not None else None
             x = self._sublayer(x, self.norm2, lambda h: self.cross_attn(

@@ -84,35 +84,38 @@ class Transformer(nn.Module):
 
     # --- the two halves ---------------------------------------------------------------------
 
-    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+    def encode(self, src: Tensor, unpadded: bool = False) -> tuple[Tensor, Tensor]:
         """src (B, S) ids -> (memory (B, S, D), src_key_mask (B, S) bool True = real token).
 
         Bidirectional: every token attends to every real token. For encoder_only this is the
-        whole model minus the output projection."""
+        whole model minus the output projection. unpadded: the caller knows src holds no pad
+        (asking the tensor would stall the host), so no mask is needed."""
         if self.encoder is None:
             raise ValueError(f"model.arch {self.cfg.arch} has no encoder")
         key_mask = src != self.cfg.pad_id
         x = self.embed(src, "src" if self.cfg.arch == "encoder_decoder" else "tgt")
-        mask = additive_mask(key_mask[:, None, None, :], compute_dtype(x))                # (B, 1, 1, S)
+        mask = None if unpadded else additive_mask(key_mask[:, None, None, :], compute_dtype(x))  # (B, 1, 1, S)
         memory = self.encoder(x, mask, positions_from_mask(key_mask))
         return memory, key_mask
 
     def decode(self, tgt: Tensor, memory: Tensor | None = None, memory_mask: Tensor | None = None,
-               cache: list[dict] | None = None, start: int = 0) -> Tensor:
+               cache: list[dict] | None = None, start: int = 0, unpadded: bool = False) -> Tensor:
         """Logits for positions start.. of the target sequence tgt (B, T) -> (B, T - start, V).
 
         tgt is always the whole sequence so far (masks and positions depend on all of it), but
         only tgt[:, start:] is run through the stack: with a cache from new_cache() the keys and
         values of tgt[:, :start] were stored by earlier calls. Without a cache, start must be 0.
         encoder_only runs its bidirectional stack here (no cache possible: every new token
-        changes every earlier position's representation)."""
+        changes every earlier position's representation).
+        unpadded (no cache): tgt holds no pad, so self-attention is plain causal attention with
+        no mask tensor (SDPA's is_causal path, flash-capable); the result is the same."""
         cfg = self.cfg
         if cache is None and start != 0:
             raise ValueError("decode: start > 0 needs the cache that holds tgt[:, :start]")
         if cfg.arch == "encoder_only":
             if cache is not None:
                 raise ValueError("model.arch encoder_only is bidirectional and cannot use a KV cache")
-            h, _ = self.encode(tgt)
+            h, _ = self.encode(tgt, unpadded)
             return self.lm_head(h)
         T = tgt.size(1)
         key_mask = tgt != cfg.pad_id                                          # (B, T)
@@ -121,8 +124,11 @@ class Transformer(nn.Module):
             raise ValueError("model.arch encoder_decoder needs the encoder memory to decode")
         x = self.embed(tgt[:, start:], "tgt", positions)                      # (B, T_new, D)
         dtype = compute_dtype(x)
-        self_mask = additive_mask(key_mask[:, None, None, :] & causal_mask(T - start, T, tgt.device),
-                                  dtype)                                      # (B, 1, T_new, T)
+        if unpadded and cache is None:
+            self_mask = None                                                  # causal, nothing padded
+        else:
+            self_mask = additive_mask(key_mask[:, None, None, :] & causal_mask(T - start, T, tgt.device),
+                                      dtype)                                  # (B, 1, T_new, T)
         cross_mask = (additive_mask(memory_mask[:, None, None, :], dtype)
                       if memory_mask is not None else None)                   # (B, 1, 1, S)
         h = self.decoder(x, self_mask, positions, memory, cross_mask, cache)
@@ -136,20 +142,21 @@ class Transformer(nn.Module):
 
     # --- public entry points ----------------------------------------------------------------
 
-    def forward(self, src: Tensor | None, tgt: Tensor) -> Tensor:
+    def forward(self, src: Tensor | None, tgt: Tensor, unpadded: bool = False) -> Tensor:
         """encoder_decoder: src (B,S) ids, tgt (B,T) decoder input ids -> logits (B,T,V).
         decoder_only: src must be None, tgt (B,T) -> causal logits (B,T,V).
         encoder_only: src must be None, tgt (B,T) -> bidirectional logits (B,T,V) (for LM this
         SEES THE FUTURE; it is allowed deliberately as a 'leaking' ablation).
-        Pad positions (== pad_id) are masked as keys everywhere."""
+        Pad positions (== pad_id) are masked as keys everywhere. unpadded=True promises that
+        tgt holds no pad (language-model windows): attention then runs without mask tensors."""
         if self.cfg.arch == "encoder_decoder":
             if src is None:
                 raise ValueError("model.arch encoder_decoder needs src")
             memory, memory_mask = self.encode(src)
-            return self.decode(tgt, memory, memory_mask)
+            return self.decode(tgt, memory, memory_mask, unpadded=unpadded)
         if src is not None:
             raise ValueError(f"model.arch {self.cfg.arch} takes src=None (put everything in tgt)")
-        return self.decode(tgt)
+        return self.decode(tgt, unpadded=unpadded)
 
     @torch.no_grad()
     def attention_weights(self, src: Tensor | None, tgt: Tensor) -> dict[str, Tensor]:

@@ -1,0 +1,75 @@
+"""A study's training compute before anything runs (`python -m pipeline_src validate` prints it).
+
+Per training job: target tokens = max_steps x grad_accum x the target tokens of a full batch
+(batch_tokens; for sequence-to-sequence its target share max_tgt_len / max_src_len when the source
+is longer), an upper bound (padding and early stopping only lower it); FLOPs = 3 x FLOPs per
+token x tokens, with FLOPs per token from model/accounting.py at the configured maximum lengths,
+exactly as train.py computes them for MFU, so the benchmark's achieved FLOP/s (same convention)
+converts them to time. Hours = FLOPs / the achieved
+FLOP/s of the most recent real-cell benchmark (cost.json: MFU x measured peak), if there is one:
+reports/bench/real_cell.json (bench/bench_real_cell.py) first, else the committed H100 record.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .config import Study
+from .data.tokens import BOS, EOS, PAD
+from .model import ModelConfig, flops_per_token
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_FILES = (ROOT / "reports" / "bench" / "real_cell.json",
+               ROOT / "bench" / "results" / "h100" / "real_cell_multi30k_cost.json")
+
+
+def job_compute(study: Study, task: str, cell_name: str) -> tuple[float, float]:
+    """(training tokens, training FLOPs) of one seed of one cell: upper bounds."""
+    cell = study.cell(task, cell_name)
+    t = cell.train
+    mcfg = ModelConfig(vocab_size=study.tasks[task].bpe.vocab_size, pad_id=PAD, bos_id=BOS, eos_id=EOS, **cell.model)
+    if cell.kind == "lm":
+        per_step = max(1, t.batch_tokens // t.lm_seq_len) * t.lm_seq_len
+        fpt = flops_per_token(mcfg, 0, t.lm_seq_len)
+    else:  # batch_tokens bounds rows x the longer side; the target's share of it carries the loss
+        per_step = t.batch_tokens * min(1.0, t.max_tgt_len / max(t.max_src_len, 1))
+        fpt = flops_per_token(mcfg, t.max_src_len, t.max_tgt_len)
+    tokens = float(t.max_steps * t.grad_accum * per_step)
+    return tokens, 3 * fpt * tokens
+
+
+def measured_throughput() -> tuple[float, str] | None:
+    """(achieved training FLOP/s, a description of where it was measured) or None."""
+    for path in BENCH_FILES:
+        if not path.exists():
+            continue
+        record = json.loads(path.read_text())
+        cost = record.get("results", {}).get("cost", record)  # bench report or a bare cost.json
+        if cost.get("mfu") and cost.get("peak_flops"):
+            where = f"{cost.get('device_name', cost.get('device'))}, {path.relative_to(ROOT)}"
+            return cost["mfu"] * cost["peak_flops"], where
+        if cost.get("achieved_flops"):
+            return cost["achieved_flops"], f"{cost.get('device_name', cost.get('device'))}, {path.relative_to(ROOT)}"
+    return None
+
+
+def summary(study: Study) -> str:
+    lines, total_tokens, total_flops = [], 0.0, 0.0
+    for name, task in study.tasks.items():
+        runs = [job_compute(study, name, c) for c in task.cells]
+        tokens = sum(r[0] for r in runs) * len(study.seeds)
+        flops = sum(r[1] for r in runs) * len(study.seeds)
+        total_tokens, total_flops = total_tokens + tokens, total_flops + flops
+        lines.append(f"  {name}: {len(task.cells)} cells x {len(study.seeds)} seeds, "
+                     f"{tokens:.3g} training tokens, {flops:.3g} FLOPs")
+    text = f"estimated training compute (upper bound: max_steps, no early stopping): " \
+           f"{total_tokens:.3g} tokens, {total_flops:.3g} FLOPs"
+    measured = measured_throughput()
+    if measured:
+        rate, where = measured
+        hours = total_flops / rate / 3600
+        when = f"{hours:,.1f} device-hours" if hours >= 1 else f"{hours * 60:.1f} device-minutes"
+        text += f"\n  = {when} at {rate / 1e12:.1f} TFLOP/s achieved by the last real-cell benchmark ({where})"
+    else:
+        text += "\n  (no real-cell benchmark yet: bench/bench_real_cell.py measures the throughput for hours)"
+    return "\n".join([text, *lines])
