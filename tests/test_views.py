@@ -132,6 +132,11 @@ def test_dvc_exp_run_set_param_reruns_the_cell_and_shows_it(repo):
     assert exp[metric + "test_ppl"] != base[metric + "test_ppl"]
     after = json.loads((repo / "reports/tiny/metrics/reorder/pe_none.json").read_text())
     assert float(exp[metric + "test_ppl"]) == after["test_ppl"]
+    # The experiment is applied to the workspace: `dvc metrics diff` against the commit shows the
+    # edited cell's numbers, and nothing of the cell that did not rerun.
+    diff = json.loads(_run([BIN / "dvc", "metrics", "diff", "--json", "--targets", "reports/tiny/metrics"], repo))
+    assert {Path(p).stem for p in diff} == {"pe_none"}, diff
+    assert diff[metric[:-1]]["test_ppl"]["new"] == after["test_ppl"]
 
 
 EXP_DROP = r"^(data|pipeline_src)/|^reports/[^:]*$"
