@@ -9,6 +9,11 @@
 include: "workflow/rules/common.smk"
 
 
+# `snakemake --report reports/<study>/report.html`: this description, plus the outputs flagged
+# with report() in workflow/rules/report.smk.
+report: "workflow/report/workflow.rst"
+
+
 rule all:
     input:
         REPORT_PDF,

@@ -119,6 +119,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     bpe_dir = Path(output_path("bpe", "bpe", study=study.name, task=task))
     out_dir = Path(output_path("evaluate", "outputs", **wc))
     metrics_path = Path(output_path("evaluate", "metrics", **wc))
+    info_path = Path(output_path("evaluate", "info", **wc))
     if not (ckpt / "best.pt").exists():
         raise StageError(f"{ckpt}: no best.pt; run the train stage for {task}/{cell_name}/seed{seed} first")
 
@@ -195,10 +196,16 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
             tmp / "per_example.tsv", sep="\t", index=False, float_format="%.6f")
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
+    # Numbers only in the metrics file; identity, metric signatures, samples and provenance go to
+    # eval_info.json.
+    signatures = {k: result.pop(k) for k in [k for k in result if k.endswith("_signature")]}
     atomic_write_json(metrics_path, {
+        "metrics": result, "n_test": int(sum(p["split"] == "test" for p in per_example)),
+        "checkpoint_step": meta.get("step")})
+    atomic_write_json(info_path, {
         "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
-        "leaks_future": cell.leaks_future, "metrics": result, "n_test": int(sum(p["split"] == "test" for p in per_example)),
-        "checkpoint_step": meta.get("step"), "samples": samples, "provenance": provenance(study, seed=seed)})
+        "leaks_future": cell.leaks_future, "signatures": signatures, "samples": samples,
+        "provenance": provenance(study, seed=seed)})
     shown = ", ".join(f"{k}={v:.3f}" for k, v in result.items() if isinstance(v, float) and not math.isnan(v))
     print(f"evaluated {task}/{cell_name}/seed{seed}: {shown}", flush=True)
 

@@ -51,25 +51,34 @@ OUTPUTS: dict[str, dict[str, str]] = {
     "train": {
         "ckpt": "data/{study}/runs/{task}/{cell}/seed{seed}/ckpt",
         "metrics": "data/{study}/runs/{task}/{cell}/seed{seed}/train_metrics.json",
+        "info": "data/{study}/runs/{task}/{cell}/seed{seed}/train_info.json",
         "log": "data/{study}/runs/{task}/{cell}/seed{seed}/train_log.tsv",
         "cost": "data/{study}/runs/{task}/{cell}/seed{seed}/cost.json",
     },
     "evaluate": {
         "outputs": "data/{study}/eval/{task}/{cell}/seed{seed}/outputs",
         "metrics": "data/{study}/eval/{task}/{cell}/seed{seed}/eval_metrics.json",
+        "info": "data/{study}/eval/{task}/{cell}/seed{seed}/eval_info.json",
     },
     "aggregate": {
         "results": "reports/{study}/results.csv",
         "summary": "reports/{study}/summary.csv",
         "significance": "reports/{study}/significance.csv",
+        # <task>/<cell>.json: the task's headline metric (mean, std over seeds), test PPL, cost.
+        "headline": "reports/{study}/metrics",
+        # Data behind the dvc.yaml plots: <task>/train_loss|val_loss/<cell>.tsv, <task>/headline.tsv.
+        "plots": "reports/{study}/plots",
     },
     "figures": {"figures": "reports/{study}/figures"},
     "tables": {"tables": "reports/{study}/tables"},
     "report": {"pdf": "reports/{study}/report.pdf", "tex": "reports/{study}/report.tex"},
 }
-DIRECTORIES = {"raw", "filtered", "bpe", "ckpt", "outputs", "figures", "tables"}
-METRICS = {("train", "metrics"), ("evaluate", "metrics")}
-PLOTS = {("train", "log")}
+DIRECTORIES = {"raw", "filtered", "bpe", "ckpt", "outputs", "figures", "tables", "headline", "plots"}
+# What DVC shows as metrics and plots: the study-level views only (one small file per task x cell;
+# plots defined at the top level of dvc.yaml by pipeline_src/dvc_yaml.py). Per-run metrics files
+# stay plain outputs: declared as metrics they made `dvc metrics show` a table of ~80 rows.
+METRICS = {("aggregate", "headline")}
+PLOTS = {("aggregate", "plots")}
 # Scratch space for resumable training state: deliberately NOT a declared output, so a driver
 # that deletes incomplete outputs after a crash does not delete the state needed to resume.
 SCRATCH = "data/{study}/scratch/{task}/{cell}/seed{seed}"
@@ -147,10 +156,11 @@ def build_jobs(study: Study) -> list[Job]:
     jobs += train_jobs + eval_jobs
     wc = {}
     filtered_all = [output_path("filter", "filtered", study=s, task=t) for t in study.tasks]
-    run_files = [j.out(n) for j in train_jobs for n in ("metrics", "cost")]
-    eval_files = [j.out(n) for j in eval_jobs for n in ("outputs", "metrics")]
-    agg = _job(study, "aggregate", s, wc, filtered_all + run_files + eval_files, ["tasks", "cells", "seeds"], {})
+    run_files = [j.out(n) for j in train_jobs for n in ("metrics", "info", "cost")]
+    eval_files = [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")]
     logs = [j.out("log") for j in train_jobs]
+    agg = _job(study, "aggregate", s, wc, filtered_all + run_files + eval_files + logs, ["tasks", "cells", "seeds"],
+               {})
     bpe_all = [output_path("bpe", "bpe", study=s, task=t) for t in study.tasks]
     # The attention heat map reads one checkpoint: the first cell and seed of the chosen task.
     attention_task = study.report.get("attention_sample_task") or next(iter(study.tasks))
@@ -160,7 +170,7 @@ def build_jobs(study: Study) -> list[Job]:
     tabs = _job(study, "tables", s, wc, list(agg.outs.values()) + filtered_all + bpe_all,
                 ["tasks", "cells", "datasets"], {})
     report = _job(study, "report", s, wc, [figs.out("figures"), tabs.out("tables")] + list(agg.outs.values())
-                  + [j.out(n) for j in eval_jobs for n in ("outputs", "metrics")],
+                  + [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")],
                   _existing(study, "report", "study"), {})
     jobs += [agg, figs, tabs, report]
     return jobs

@@ -7,7 +7,8 @@ restarted run continues from it; a run killed at any moment ends with the same w
 metrics as one that was never interrupted (bit for bit on CPU).
 
 Outputs (paths from the stage table): ckpt/{best,last}.pt (+ averaged.pt), train_metrics.json
-(deterministic: same params + seed -> same bytes on CPU), train_log.tsv, cost.json (wall clock).
+(numbers only; deterministic: same params + seed -> same bytes on CPU), train_info.json (identity,
+outcome, resolved config, provenance), train_log.tsv, cost.json (wall clock).
 """
 from __future__ import annotations
 
@@ -221,7 +222,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     cell = study.cell(task, cell_name)
     t = cell.train
     wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
-    out = {name: Path(output_path("train", name, **wc)) for name in ("ckpt", "metrics", "log", "cost")}
+    out = {name: Path(output_path("train", name, **wc)) for name in ("ckpt", "metrics", "info", "log", "cost")}
     scratch = Path(SCRATCH.format(**wc))
     bpe_dir = Path(output_path("bpe", "bpe", study=study.name, task=task))
 
@@ -393,12 +394,16 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         "\t".join(_fmt(r.get(c, "")) for c in LOG_COLUMNS) + "\n" for r in state["log"])
     atomic_write_text(out["log"], log_text)
     final_train = next((r["train_loss"] for r in reversed(state["log"]) if r.get("train_loss") != ""), float("nan"))
+    # Numbers only in the metrics file (what DVC and people compare); what the run was and how it
+    # was made go to train_info.json.
     atomic_write_json(out["metrics"], {
-        "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
-        "leaks_future": cell.leaks_future, "n_params": n_params, "flops_per_token": fpt, "steps": state["step"],
+        "n_params": n_params, "flops_per_token": fpt, "steps": state["step"],
         "epochs": state["epoch"], "train_tokens": state["train_tokens"], "best_val_loss": state["best_val"],
-        "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train,
-        "stop_reason": state.get("stop_reason", "max_steps"), "eval_checkpoint": "averaged.pt" if state["averaged"] else "best.pt",
+        "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train})
+    atomic_write_json(out["info"], {
+        "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
+        "leaks_future": cell.leaks_future, "stop_reason": state.get("stop_reason", "max_steps"),
+        "eval_checkpoint": "averaged.pt" if state["averaged"] else "best.pt",
         "config": cell.to_dict(), "provenance": provenance(study, seed=seed)})
     tokens_per_s = meter.tokens_per_s
     atomic_write_json(out["cost"], {

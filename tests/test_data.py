@@ -800,6 +800,7 @@ def _run_lm(tmp: Path, splits: dict, text_format: str, filter_cfg: dict, expecte
     train.run(study, "lm", "baseline", 0)
     evaluate.run(study, "lm", "baseline", 0)
     ev = json.loads((tmp / "data/toy/eval/lm/baseline/seed0/eval_metrics.json").read_text())
+    ev["samples"] = json.loads((tmp / "data/toy/eval/lm/baseline/seed0/eval_info.json").read_text())["samples"]
     ev["per_example"] = pd.read_csv(tmp / "data/toy/eval/lm/baseline/seed0/outputs/per_example.tsv", sep="\t")
     return ev, json.loads((tmp / "data/toy/filtered/lm/stats.json").read_text())
 

@@ -200,7 +200,8 @@ def test_early_stopping_stops_when_patience_runs_out(workdir, monkeypatch):
     monkeypatch.setattr(train_mod, "validation_loss", lambda *a, **k: next(curve))
     train_mod.run(study, "reorder", "baseline", 0)
     metrics = json.loads(_outputs(workdir)[0].read_text())
-    assert metrics["stop_reason"] == "early_stopping"
+    info = json.loads(_outputs(workdir)[0].with_name("train_info.json").read_text())
+    assert info["stop_reason"] == "early_stopping"
     assert (metrics["steps"], metrics["best_step"], metrics["best_val_loss"]) == (20, 10, 0.5)
     best = torch.load(_outputs(workdir)[1] / "best.pt", weights_only=True)
     assert best["meta"]["step"] == 10
@@ -226,7 +227,7 @@ def test_checkpoint_averaging_writes_the_mean_of_the_last_evaluations(workdir, m
     for k, v in averaged["model"].items():
         if v.is_floating_point():
             assert torch.allclose(v, (saved["eval20.pt"][k] + saved["eval30.pt"][k]) / 2), k
-    assert json.loads(_outputs(workdir)[0].read_text())["eval_checkpoint"] == "averaged.pt"
+    assert json.loads(_outputs(workdir)[0].with_name("train_info.json").read_text())["eval_checkpoint"] == "averaged.pt"
     _, meta = train_mod.load_trained_model(ckpt)  # evaluation picks the averaged weights
     assert meta.get("averaged") == ["eval20.pt", "eval30.pt"]
 

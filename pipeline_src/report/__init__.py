@@ -73,6 +73,8 @@ def report_paths(study) -> dict[str, Path]:
         "results": Path(output_path("aggregate", "results", study=s)),
         "summary": Path(output_path("aggregate", "summary", study=s)),
         "significance": Path(output_path("aggregate", "significance", study=s)),
+        "headline": Path(output_path("aggregate", "headline", study=s)),
+        "plots": Path(output_path("aggregate", "plots", study=s)),
         "figures": Path(output_path("figures", "figures", study=s)),
         "tables": Path(output_path("tables", "tables", study=s)),
         "pdf": Path(output_path("report", "pdf", study=s)),
@@ -84,10 +86,12 @@ def run_paths(study, task: str, cell: str, seed: int) -> dict[str, Path]:
     wc = dict(study=study.name, task=task, cell=cell, seed=seed)
     return {
         "train_metrics": Path(output_path("train", "metrics", **wc)),
+        "train_info": Path(output_path("train", "info", **wc)),
         "cost": Path(output_path("train", "cost", **wc)),
         "log": Path(output_path("train", "log", **wc)),
         "ckpt": Path(output_path("train", "ckpt", **wc)),
         "eval_metrics": Path(output_path("evaluate", "metrics", **wc)),
+        "eval_info": Path(output_path("evaluate", "info", **wc)),
         "outputs": Path(output_path("evaluate", "outputs", **wc)),
     }
 

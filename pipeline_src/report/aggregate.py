@@ -17,6 +17,8 @@ reports/<study>/significance.csv  every cell against its task's baseline cell
                                   example. Tables mark significance with the pooled p-value. All
                                   tests are two-sided (metrics.py documents them); alpha 0.05.
                                   Cells that leak the future are tested too, flagged leaks_future.
+reports/<study>/metrics/, plots/  what DVC shows: headline metrics per task x cell and the data of
+                                  the dvc.yaml plots (report/views.py).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import pandas as pd
 
 from .. import metrics
 from ..common import StageError, atomic_write_text
+from . import views
 from . import (ALPHA, BOOTSTRAP_SEED, METRIC_ORDER, TESTED_METRICS, higher_is_better, read_json, report_paths,
                require, run_paths)
 
@@ -51,7 +54,9 @@ SIGNIFICANCE_COLUMNS = ["task", "kind", "cell", "family", "label", "leaks_future
 def _run_row(study, task, cell, seed) -> dict:
     p = run_paths(study, task.name, cell, seed)
     tm, cost, ev = read_json(p["train_metrics"]), read_json(p["cost"]), read_json(p["eval_metrics"])
-    for path, obj in ((p["train_metrics"], tm), (p["eval_metrics"], ev)):
+    # Identity, outcome, signatures and provenance live beside the metrics, in the *_info.json files.
+    ti, ei = read_json(p["train_info"]), read_json(p["eval_info"])
+    for path, obj in ((p["train_info"], ti), (p["eval_info"], ei)):
         for key, want in (("task", task.name), ("cell", cell), ("seed", seed)):
             if key in obj and str(obj[key]) != str(want):
                 raise StageError(f"{path}: {key} is {obj[key]!r}, expected {want!r} (stale or misplaced file)")
@@ -73,12 +78,14 @@ def _run_row(study, task, cell, seed) -> dict:
             row[key] = np.nan if value is None else float(value)
         elif isinstance(value, str):
             row[key] = value
+    for key, value in (ei.get("signatures") or {}).items():
+        row[key] = value
     row["n_test"] = ev.get("n_test")
     for key in TRAIN_COLUMNS:
-        row[key] = tm.get(key)
+        row[key] = tm.get(key, ti.get(key))
     for key in COST_COLUMNS:
         row[key] = cost.get(key)
-    row["git_commit"] = (tm.get("provenance") or {}).get("git_commit")
+    row["git_commit"] = (ti.get("provenance") or {}).get("git_commit")
     return row
 
 
@@ -283,10 +290,12 @@ def run(study) -> None:
     results = collect_results(study)
     summary = summarize(results)
     sig = significance(study, results)
+    shown = views.build(study, summary)
     # Everything computed before anything is written: a failure leaves the old outputs intact.
     atomic_write_text(paths["results"], _csv(results))
     atomic_write_text(paths["summary"], _csv(summary))
     atomic_write_text(paths["significance"], _csv(sig))
+    views.write(study, shown, paths["headline"], paths["plots"])
     n_sig = int(sig.loc[sig["seed"] == "pooled", "significant"].sum()) if len(sig) else 0
     print(f"[aggregate] {len(results)} runs, {len(summary)} task x cell groups, "
           f"{n_sig} of {int((sig['seed'] == 'pooled').sum()) if len(sig) else 0} pooled tests significant "

@@ -144,7 +144,7 @@ def _samples(study) -> tuple[list[dict], bool]:
     labels = {"translation": "Source", "summarization": "Article", "lm": "Prompt"}
     seed = study.seeds[0]
     for task in study.tasks.values():
-        path = run_paths(study, task.name, task.baseline_cell, seed)["eval_metrics"]
+        path = run_paths(study, task.name, task.baseline_cell, seed)["eval_info"]
         ev = read_json(path)
         entries = []
         for s in ev.get("samples") or []:
@@ -167,7 +167,7 @@ def _provenances(study) -> list[dict]:
     for task in study.tasks.values():
         for cell in task.cells:
             for seed in study.seeds:
-                ev = read_json(run_paths(study, task.name, cell, seed)["eval_metrics"])
+                ev = read_json(run_paths(study, task.name, cell, seed)["eval_info"])
                 provs.append(ev.get("provenance") or {})
     return provs
 

@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(workflow.basedir)))
 from pipeline_src.config import ConfigError, load_study
 from pipeline_src.run_lock import claim_run
 from pipeline_src import slurm_guard
+from pipeline_src.report import views
 from pipeline_src.stages import DIRECTORIES, OUTPUTS, JobIndex
 
 PARAMS_FILE = config.get("params", "params.yaml")
@@ -41,13 +42,21 @@ wildcard_constraints:
     seed=r"\d+",
 
 
-def stage_outputs(stage):
-    """The stage's output templates, with the study filled in and directories marked."""
+def stage_outputs(stage, shown=None):
+    """The stage's output templates, with the study filled in and directories marked.
+    shown: {output name: report() arguments} for the outputs that go into `snakemake --report`."""
     outs = {}
     for name, template in OUTPUTS[stage].items():
         path = template.replace("{study}", STUDY.name)
         outs[name] = directory(path) if name in DIRECTORIES else path
+        if shown and name in shown:
+            outs[name] = report(outs[name], **shown[name])
     return outs
+
+
+def report_group(what, wildcard, part):
+    """category (part=0) or subcategory (part=1) of a file in the HTML report (pipeline_src/report/views.py)."""
+    return lambda wildcards: views.report_group(STUDY, what, wildcards[wildcard])[part]
 
 
 def stage_inputs(stage):

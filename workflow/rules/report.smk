@@ -1,8 +1,18 @@
+# report(): what `snakemake --report report.html` carries (categories: per task, per ablation family,
+# the study); captions in workflow/report/.
 rule aggregate:
     input:
         stage_inputs("aggregate"),
     output:
-        **stage_outputs("aggregate"),
+        **stage_outputs("aggregate", shown={
+            **{name: dict(caption="../report/csv.rst", category=views.STUDY_CATEGORY, subcategory="Results (CSV)",
+                          labels={"file": f"{name}.csv"})
+               for name in ("results", "summary", "significance")},
+            "headline": dict(patterns=["{task}/{cell}.json"], caption="../report/headline.rst",
+                             category="{task}",
+                             subcategory=lambda wc: views.report_group(STUDY, "headline", f"{wc.task}/{wc.cell}")[1],
+                             labels={"cell": "{cell}"}),
+        }),
     params:
         cmd=stage_command("aggregate"),
         params_hash=stage_params_hash("aggregate"),
@@ -20,7 +30,11 @@ rule figures:
     input:
         stage_inputs("figures"),
     output:
-        **stage_outputs("figures"),
+        **stage_outputs("figures", shown={
+            "figures": dict(patterns=["{figure}.png"], caption="../report/figure.rst",
+                            category=report_group("figures", "figure", 0),
+                            subcategory=report_group("figures", "figure", 1), labels={"figure": "{figure}"}),
+        }),
     params:
         cmd=stage_command("figures"),
         params_hash=stage_params_hash("figures"),
@@ -38,7 +52,11 @@ rule tables:
     input:
         stage_inputs("tables"),
     output:
-        **stage_outputs("tables"),
+        **stage_outputs("tables", shown={
+            "tables": dict(patterns=["{table}.tex"], caption="../report/table.rst",
+                           category=report_group("tables", "table", 0),
+                           subcategory=report_group("tables", "table", 1), labels={"table": "{table}"}),
+        }),
     params:
         cmd=stage_command("tables"),
         params_hash=stage_params_hash("tables"),
@@ -56,7 +74,10 @@ rule report:
     input:
         stage_inputs("report"),
     output:
-        **stage_outputs("report"),
+        **stage_outputs("report", shown={
+            "pdf": dict(caption="../report/pdf.rst", category=views.STUDY_CATEGORY, subcategory="Report (PDF)",
+                        labels={"file": "report.pdf"}),
+        }),
     params:
         cmd=stage_command("report"),
         params_hash=stage_params_hash("report"),
