@@ -78,7 +78,7 @@ def timed_decode(work: Path, params: dict, cuda: bool) -> tuple[float, int]:
     from pipeline_src import batching
     from pipeline_src.config import load_study
     from pipeline_src.evaluate import decode_all
-    from pipeline_src.stages import output_path
+    from pipeline_src.stages import data_paths, output_path
     from pipeline_src.train import load_trained_model
 
     cwd = os.getcwd()
@@ -91,7 +91,7 @@ def timed_decode(work: Path, params: dict, cuda: bool) -> tuple[float, int]:
             torch.backends.cuda.enable_cudnn_sdp(False)  # as the evaluate stage
         ckpt = output_path("train", "ckpt", study=study.name, task=TASK, cell="baseline", seed=0)
         model, _ = load_trained_model(ckpt, device)
-        bpe = output_path("bpe", "bpe", study=study.name, task=TASK)
+        bpe = data_paths(study, TASK, "baseline")[1]
         test = batching.load_seq2seq(bpe, "test", cell.train.max_src_len, cell.train.max_tgt_len,
                                      limit=cell.eval.max_examples)
         decode_all(model, batching.Seq2SeqData(test.src[:16], test.tgt[:16]), cell.eval, device, cell.train.precision,

@@ -18,15 +18,21 @@ def _parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help)
         sp.add_argument("--params", default="params.yaml", help="the study's params file")
         for k in keys:
+            if k in ("fv", "tv"):  # the data variant; default: the task's own filter / tokenizer
+                sp.add_argument(f"--{k}", default="default" if k == "fv" else None,
+                                help="data variant (the stage table names it; default: the task's own)")
+                continue
             sp.add_argument(f"--{k}", required=True, type=int if k == "seed" else str)
         return sp
 
     stage("validate", "validate the params file and print a summary of the study")
     stage("download", "load a dataset from the Hub or the offline mirror (or generate demo data)", "dataset")
-    stage("filter", "apply a task's length/ratio/dedup/sampling filters", "task")
-    stage("bpe", "train SentencePiece BPE for a task and encode its splits", "task")
+    stage("filter", "apply a task's length/ratio/dedup/sampling filters (one filter variant)", "task", "fv")
+    stage("bpe", "train a task's SentencePiece tokenizer (one data variant) and encode its splits",
+          "task", "fv", "tv")
     stage("train", "train one task x cell x seed", "task", "cell", "seed")
     stage("evaluate", "evaluate one trained task x cell x seed", "task", "cell", "seed")
+    stage("promote", "rank a screening's stage-one families and record which stage two runs", "screen")
     stage("aggregate", "collect every run into results/summary/significance tables")
     stage("figures", "draw the report's figures")
     stage("tables", "write the report's LaTeX tables")
@@ -79,16 +85,19 @@ def _run(args, study) -> int | None:
         return run(study, args.dataset)
     if stage == "filter":
         from .data.filter import run
-        return run(study, args.task)
+        return run(study, args.task, args.fv)
     if stage == "bpe":
         from .bpe import run
-        return run(study, args.task)
+        return run(study, args.task, args.fv, args.tv)
     if stage == "train":
         from .train import run
         return run(study, args.task, args.cell, args.seed)
     if stage == "evaluate":
         from .evaluate import run
         return run(study, args.task, args.cell, args.seed)
+    if stage == "promote":
+        from .screening import run_promote
+        return run_promote(study, args.screen)
     if stage == "aggregate":
         from .report.aggregate import run
         return run(study)

@@ -1,6 +1,7 @@
-"""Stage `bpe`: filtered task data -> data/<study>/bpe/<task>/ (SentencePiece BPE + encoded splits).
+"""Stage `bpe`: filtered task data -> data/<study>/bpe/<task>/<fv>/<tv>/ (SentencePiece + encoded splits).
 
-* One SentencePiece BPE model per task, trained on the filtered train split: src and tgt
+* One SentencePiece model per task and data variant (a cell may override `bpe`, e.g. a
+  tokenizer ablation: `model_type` bpe | unigram | char | word, `vocab_size`), trained on the filtered train split: src and tgt
   together for translation/summarization (one shared vocabulary, so embeddings can be tied),
   the text for lm. `bpe:` params: vocab_size, character_coverage, max_sentences (training
   texts are subsampled to this many with a fixed seed, in corpus order). Fixed ids
@@ -54,8 +55,11 @@ def _training_lines(texts: list[str]):
 
 
 def train_spm(texts: list[str], *, vocab_size: int, character_coverage: float, max_sentences: int,
-              task: str = "?", study_path: str = "params") -> tuple[bytes, dict]:
-    """Train SentencePiece BPE in memory. Returns (model bytes, training statistics)."""
+              task: str = "?", study_path: str = "params", model_type: str = "bpe") -> tuple[bytes, dict]:
+    """Train a SentencePiece model in memory. Returns (model bytes, training statistics).
+    BPE keeps vocab_size exact (hard limit, as before); for unigram, char and word it is an
+    upper bound (a char model has one piece per character; unigram and word stop at what the
+    text supports), and the size actually reached is in stats.json."""
     import sentencepiece as spm
 
     n_texts = len(texts)
@@ -71,10 +75,10 @@ def train_spm(texts: list[str], *, vocab_size: int, character_coverage: float, m
     bar = progress(lines, desc=f"bpe {task} training", unit="line")
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(bar), model_writer=buf, model_type="bpe", vocab_size=vocab_size,
+            sentence_iterator=iter(bar), model_writer=buf, model_type=model_type, vocab_size=vocab_size,
             character_coverage=character_coverage, pad_id=PAD, unk_id=UNK, bos_id=BOS, eos_id=EOS,
             **SPECIAL_PIECES, input_sentence_size=0, shuffle_input_sentence=False, num_threads=1,
-            max_sentence_length=MAX_SENTENCE_BYTES, hard_vocab_limit=True, minloglevel=2)
+            max_sentence_length=MAX_SENTENCE_BYTES, hard_vocab_limit=model_type == "bpe", minloglevel=2)
     except RuntimeError as e:
         msg = str(e)
         m = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", msg)
@@ -144,17 +148,19 @@ def _select(ids: np.ndarray, offsets: np.ndarray, keep: np.ndarray) -> tuple[np.
 # --------------------------------------------------------------------------- stage
 
 
-def run(study, task: str) -> None:
+def run(study, task: str, fv: str = "default", tv: str | None = None) -> None:
     t_start = time.time()
-    if task not in study.tasks:
+    if task not in study.all_tasks:
         raise ConfigError(f"{study.path}: tasks.{task}: unknown or disabled task (enabled: {', '.join(study.tasks)})")
-    t = study.tasks[task]
-    cfg = t.bpe
-    filtered = Path(output_path("filter", "filtered", study=study.name, task=task))
-    out = Path(output_path("bpe", "bpe", study=study.name, task=task))
+    t = study.task(task)
+    if tv is None:  # the task's own tokenizer on the task's own filtered set
+        tv = study.data_variant(task, t.baseline_cell)[1] if fv == "default" else None
+    cfg = study.bpe_config(task, fv, tv)  # the task's bpe section, or a cell's override of it
+    filtered = Path(output_path("filter", "filtered", study=study.name, task=task, fv=fv))
+    out = Path(output_path("bpe", "bpe", study=study.name, task=task, fv=fv, tv=tv))
     if not (filtered / "stats.json").is_file():
         raise StageError(f"bpe {task}: filtered data not found at {filtered}; run "
-                         f"`python -m pipeline_src filter --params {study.path} --task {task}` first")
+                         f"`python -m pipeline_src filter --params {study.path} --task {task} --fv {fv}` first")
     quiet_datasets()
     sides = sides_for(t.kind)
     splits = [s for s in SPLITS if (filtered / f"{s}.parquet").is_file()]
@@ -170,12 +176,14 @@ def run(study, task: str) -> None:
 
     train_texts = [x for side in sides for x in tables["train"].column(side).to_pylist()]
     model, train_stats = train_spm(train_texts, vocab_size=cfg.vocab_size, character_coverage=cfg.character_coverage,
-                                   max_sentences=cfg.max_sentences, task=task, study_path=study.path)
+                                   max_sentences=cfg.max_sentences, task=task, study_path=study.path,
+                                   model_type=cfg.model_type)
     del train_texts
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_proto=model)
-    stats = {"task": task, "kind": t.kind, "vocab_size": sp.get_piece_size(),
+    stats = {"task": task, "variant": f"{fv}/{tv}", "model_type": cfg.model_type, "kind": t.kind,
+             "vocab_size": sp.get_piece_size(),
              "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
              "training": {k: v for k, v in train_stats.items() if k not in ("seconds", "mb_per_s")},
              "mb_per_s": round(train_stats["mb_per_s"], 3), "tokens": {}, "sequences": {}, "dropped": []}

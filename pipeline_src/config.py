@@ -23,6 +23,9 @@ NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 SPLITS = ("train", "validation", "test")
 
 
+BASE_FILTER_VARIANT = "default"  # the task's own filter settings (no cell override)
+
+
 class ConfigError(ValueError):
     """A bad params file. str(err) is a single line naming the key."""
 
@@ -100,6 +103,7 @@ class FilterConfig:
 @dataclass(frozen=True)
 class BpeConfig:
     vocab_size: int = 8000
+    model_type: str = "bpe"  # SentencePiece model type: bpe | unigram | char | word
     character_coverage: float = 1.0
     max_sentences: int = 1_000_000
     max_src_tokens: int | None = None
@@ -137,6 +141,25 @@ class TaskConfig:
     model: dict  # partial model config (defaults applied in `Study.cell`)
     train: dict
     eval: dict
+    source: str | None = None  # a screening stage's task: the params task it copies (tasks.<source>)
+    screen: str | None = None  # ... and its screening entry (screening.<screen>)
+    stage: int = 0  # 1 or 2 for a screening stage's task
+
+
+@dataclass(frozen=True)
+class ScreenConfig:
+    """Two-stage screening of one task (params `screening.<name>`). Stage one trains every cell
+    on a subset (task `<name>-s1`); a `promote` job ranks the families on it; stage two (task
+    `<name>-s2`) trains on the full data the baseline and the cells of the promoted families only."""
+    name: str
+    task: str
+    cells: tuple[str, ...]
+    top_k: int | None
+    max_p: float | None
+
+    @property
+    def stage_tasks(self) -> tuple[str, str]:
+        return f"{self.name}-s1", f"{self.name}-s2"
 
 
 @dataclass(frozen=True)
@@ -150,6 +173,10 @@ class CellConfig:
     model: dict  # all ModelConfig fields except vocab_size and special ids
     train: TrainConfig
     eval: EvalConfig
+    # The data variant the cell trains on (see Study.data_variant): its filtered set and its
+    # tokenizer. Cells with the same effective filter/bpe settings share both.
+    fv: str = BASE_FILTER_VARIANT
+    tv: str = ""
 
     @property
     def leaks_future(self) -> bool:
@@ -172,9 +199,47 @@ class Study:
     tasks: dict[str, TaskConfig]  # enabled tasks only, in file order
     cells: dict[str, dict]
     report: dict
+    screens: dict[str, ScreenConfig] = field(default_factory=dict)
+    screen_tasks: dict[str, TaskConfig] = field(default_factory=dict)  # the screening stages' tasks
+
+    def task(self, name: str) -> TaskConfig:
+        """A task of the study or of a screening stage."""
+        return self.tasks[name] if name in self.tasks else self.screen_tasks[name]
+
+    @property
+    def all_tasks(self) -> dict[str, TaskConfig]:
+        return {**self.tasks, **self.screen_tasks}
 
     def cell(self, task: str, cell: str) -> CellConfig:
         return _resolve_cell(self, task, cell)
+
+    def data_variant(self, task: str, cell: str) -> tuple[str, str]:
+        """(filter variant, tokenizer variant) of a cell: readable names derived from the cell's
+        effective filter/bpe settings, so cells with equal settings share one filtered set and
+        one tokenizer, and the DAG forks at the earliest data stage a cell changes."""
+        return _data_variant(self, task, cell)[:2]
+
+    def filter_config(self, task: str, fv: str) -> FilterConfig:
+        for cell in self.task(task).cells:
+            v = _data_variant(self, task, cell)
+            if v[0] == fv:
+                return v[2]
+        if fv == BASE_FILTER_VARIANT:
+            return self.task(task).filter
+        raise ConfigError(f"{self.path}: tasks.{task}: no cell uses filter variant {fv!r} "
+                          f"(known: {', '.join(self.data_variants(task)[0])})")
+
+    def bpe_config(self, task: str, fv: str, tv: str) -> BpeConfig:
+        for cell in self.task(task).cells:
+            v = _data_variant(self, task, cell)
+            if v[:2] == (fv, tv):
+                return v[3]
+        raise ConfigError(f"{self.path}: tasks.{task}: no cell uses data variant {fv}/{tv}")
+
+    def data_variants(self, task: str) -> tuple[list[str], list[tuple[str, str]]]:
+        """Filter variants and (filter, tokenizer) variants of a task, in order of first use."""
+        pairs = list(dict.fromkeys(self.data_variant(task, c) for c in self.task(task).cells))
+        return list(dict.fromkeys(fv for fv, _ in pairs)), pairs
 
     def section_hash(self, *keys: str) -> str:
         """Stable hash of the params sections a job reads (the Snakemake rerun trigger)."""
@@ -190,6 +255,49 @@ def lookup(tree: dict, dotted: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
+# Data variants: a cell's `filter`/`bpe` overrides, named by what they change.
+
+
+def _value_name(v) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v).lower()
+    if isinstance(v, (list, tuple)):
+        return "_".join(_value_name(x) for x in v)
+    return str(v).replace(".", "p").replace("-", "m").lower()
+
+
+def _diff_name(diff: dict) -> str:
+    """key-value pairs of the changed settings, e.g. `sample_fraction-0p3`; names that would be
+    unreadable or not a valid path component get a content hash instead of being truncated."""
+    name = "-".join(f"{k}-{_value_name(v)}" for k, v in sorted(diff.items()))
+    if not NAME_RE.match(name) or len(name) > 60:
+        digest = hashlib.sha256(json.dumps(diff, sort_keys=True, default=str).encode()).hexdigest()[:10]
+        name = re.sub(r"[^a-z0-9_-]", "", name)[:40].rstrip("-") + "-" + digest
+    return name
+
+
+def tokenizer_name(cfg: BpeConfig) -> str:
+    """char, word<vocab>, bpe<vocab>, unigram<vocab>: what a tokenizer is, for paths and tables."""
+    return "char" if cfg.model_type == "char" else f"{cfg.model_type}{cfg.vocab_size}"
+
+
+def _data_variant(study: Study, task_name: str, cell_name: str):
+    task = study.task(task_name)
+    cell = study.cells[cell_name]
+    base_f, base_b = dataclasses.asdict(task.filter), dataclasses.asdict(task.bpe)
+    filt = _merge(base_f, cell.get("filter", {}))
+    if "splits_to_filter" in filt:
+        filt["splits_to_filter"] = tuple(filt["splits_to_filter"])
+    bpe = _merge(base_b, cell.get("bpe", {}))
+    fdiff = {k: v for k, v in filt.items() if v != base_f[k]}
+    fv = BASE_FILTER_VARIANT if not fdiff else _diff_name(fdiff)
+    bpe_cfg = BpeConfig(**bpe)
+    # The tokenizer variant always names the tokenizer (model type and size), plus any other
+    # bpe setting the cell changes. It lives under its filter variant's directory.
+    named = ("model_type",) if bpe_cfg.model_type == "char" else ("model_type", "vocab_size")
+    bdiff = {k: v for k, v in bpe.items() if v != base_b[k] and k not in named}
+    tv = tokenizer_name(bpe_cfg) + ("-" + _diff_name(bdiff) if bdiff else "")
+    return fv, tv, FilterConfig(**filt), bpe_cfg
 
 
 def _key(path) -> str:
@@ -248,7 +356,7 @@ def _check_model(model: dict, kind: str, where: str) -> None:
 
 
 def _resolve_cell(study: Study, task_name: str, cell_name: str) -> CellConfig:
-    task = study.tasks[task_name]
+    task = study.task(task_name)
     cell = study.cells[cell_name]
     where = f"cells.{cell_name} (task {task_name})"
     model = _merge(_merge(MODEL_DEFAULTS, task.model), cell.get("model", {}))
@@ -257,10 +365,42 @@ def _resolve_cell(study: Study, task_name: str, cell_name: str) -> CellConfig:
     if "betas" in train:
         train["betas"] = tuple(train["betas"])
     ev = _merge(task.eval, cell.get("eval", {}))
+    fv, tv, _, _ = _data_variant(study, task_name, cell_name)
     return CellConfig(
         task=task_name, kind=task.kind, cell=cell_name, family=cell["family"],
         label=cell.get("label", cell_name), model=model,
-        train=TrainConfig(**train), eval=EvalConfig(**ev))
+        train=TrainConfig(**train), eval=EvalConfig(**ev), fv=fv, tv=tv)
+
+
+def _screening(raw: dict, tasks: dict, cells: dict, where: str):
+    """`screening:` entries -> ScreenConfigs and the two stage tasks of each: copies of the
+    screened task with the screening's cells (the first is the baseline); stage one's filter/bpe/
+    train sections are the task's with `stage_one`'s merged over them."""
+    screens, stage_tasks = {}, {}
+    for name, s in (raw.get("screening") or {}).items():
+        key = f"screening.{name}"
+        if s["task"] not in tasks:
+            raise ConfigError(f"{where}: {key}.task: {s['task']!r} is not an enabled task")
+        for c in s["cells"]:
+            if c not in cells:
+                raise ConfigError(f"{where}: {key}.cells: unknown cell {c!r} (define it under cells)")
+        base = tasks[s["task"]]
+        screen = ScreenConfig(name=name, task=s["task"], cells=tuple(s["cells"]), top_k=s["promote"].get("top_k"),
+                              max_p=s["promote"].get("max_p"))
+        for stage, tname in zip((1, 2), screen.stage_tasks):
+            if tname in tasks:
+                raise ConfigError(f"{where}: {key}: task name {tname!r} (its stage {stage}) is already a task")
+            filt, bpe, train = dataclasses.asdict(base.filter), dataclasses.asdict(base.bpe), base.train
+            if stage == 1:  # a quick screen: less data, optionally shorter training
+                filt = _merge(filt, s["stage_one"].get("filter", {}))
+                bpe = _merge(bpe, s["stage_one"].get("bpe", {}))
+                train = _merge(train, s["stage_one"].get("train", {}))
+            filt["splits_to_filter"] = tuple(filt["splits_to_filter"])
+            stage_tasks[tname] = dataclasses.replace(
+                base, name=tname, cells=screen.cells, baseline_cell=screen.cells[0], filter=FilterConfig(**filt),
+                bpe=BpeConfig(**bpe), train=train, source=base.name, screen=name, stage=stage)
+        screens[name] = screen
+    return screens, stage_tasks
 
 
 def load_study(path: str | Path) -> Study:
@@ -323,10 +463,12 @@ def load_study(path: str | Path) -> Study:
     sample_task = (raw.get("report") or {}).get("attention_sample_task")
     if sample_task is not None and sample_task not in tasks:
         raise ConfigError(f"{where}: report.attention_sample_task: {sample_task!r} is not an enabled task")
+    screens, screen_tasks = _screening(raw, tasks, cells, where)
     study = Study(
         path=where, name=raw["study"], raw=raw, mirror=raw.get("mirror"), device=raw.get("device", "auto"),
-        seeds=tuple(raw["seeds"]), datasets=datasets, tasks=tasks, cells=cells, report=raw.get("report", {}))
-    for name, task in tasks.items():
+        seeds=tuple(raw["seeds"]), datasets=datasets, tasks=tasks, cells=cells, report=raw.get("report", {}),
+        screens=screens, screen_tasks=screen_tasks)
+    for name, task in study.all_tasks.items():
         for c in task.cells:  # resolve every cell now, so a bad combination fails before any stage runs
             study.cell(name, c)
     check_consistency(study)

@@ -27,7 +27,8 @@ def job_compute(study: Study, task: str, cell_name: str) -> tuple[float, float]:
     """(training tokens, training FLOPs) of one seed of one cell: upper bounds."""
     cell = study.cell(task, cell_name)
     t = cell.train
-    mcfg = ModelConfig(vocab_size=study.tasks[task].bpe.vocab_size, pad_id=PAD, bos_id=BOS, eos_id=EOS, **cell.model)
+    vocab = study.bpe_config(task, cell.fv, cell.tv).vocab_size  # the cell's tokenizer (a cell may override bpe)
+    mcfg = ModelConfig(vocab_size=vocab, pad_id=PAD, bos_id=BOS, eos_id=EOS, **cell.model)
     if cell.kind == "lm":
         per_step = max(1, t.batch_tokens // t.lm_seq_len) * t.lm_seq_len
         fpt = flops_per_token(mcfg, 0, t.lm_seq_len)

@@ -1,7 +1,8 @@
 """Evaluate one trained task x cell x seed.
 
-Perplexity on validation and test (per BPE token; for language modelling also per word, so the
-number compares with published PTB/WikiText figures: the NLL covers every line of the split,
+Perplexity on validation and test, per token and per word (per word is the one comparable across
+tokenizers, see report.TOKEN_LEVEL; for language modelling it also compares with published
+PTB/WikiText figures: the NLL covers every line of the split,
 blank lines and WikiText headings included, each line's <eos> too, and is divided by the split's
 word count as that work counts it, from the raw rows: every whitespace token plus one <eos> per
 line; PTB test 82,430, WikiText-2 test 245,569; see data.lm_word_count). Translation: beam search on the test set,
@@ -20,12 +21,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from . import batching, metrics
+from . import batching, metrics, screening
 from .common import StageError, atomic_dir, atomic_write_json, progress, provenance, seed_everything
 from .config import Study
 from .data.tokens import EOS, PAD, load_spm
 from .model import beam_search
-from .stages import output_path
+from .stages import data_paths, output_path
 from .train import autocast, load_trained_model, select_device
 
 
@@ -69,10 +70,11 @@ def lm_nll(model, stream: np.ndarray, line_ends: np.ndarray, seq_len: int, rows:
     return per_line, np.diff(bounds)
 
 
-def _word_denominator(study: Study, task: str, split: str, lines: int, words_read: int) -> int:
+def _word_denominator(study: Study, task: str, split: str, lines: int, words_read: int,
+                      cell: str | None = None) -> int:
     """The split's per-word denominator, counted by the filter stage on the raw rows as published
     PTB/WikiText results count it; refused unless the NLL just computed covers that whole split."""
-    path = Path(output_path("filter", "filtered", study=study.name, task=task)) / "stats.json"
+    path = Path(data_paths(study, task, cell)[0]) / "stats.json"
     counted = (json.loads(path.read_text()).get("words") or {}).get(split)
     if counted is None:
         raise StageError(f"evaluate {task}: {path}: no word count for split {split}; rerun filter --task {task}")
@@ -84,8 +86,8 @@ def _word_denominator(study: Study, task: str, split: str, lines: int, words_rea
     return int(counted["words"])
 
 
-def _references(study: Study, task: str, split: str, bpe_dir: Path) -> pd.DataFrame:
-    filtered = Path(output_path("filter", "filtered", study=study.name, task=task)) / f"{split}.parquet"
+def _references(study: Study, task: str, split: str, bpe_dir: Path, cell: str | None = None) -> pd.DataFrame:
+    filtered = Path(data_paths(study, task, cell)[0]) / f"{split}.parquet"
     frame = pd.read_parquet(filtered)
     index_file = bpe_dir / f"{split}.index.npy"
     if index_file.exists():  # rows the BPE stage's token-length cuts kept
@@ -112,11 +114,13 @@ def decode_all(model, data: batching.Seq2SeqData, ev, device, precision: str, de
 
 
 def run(study: Study, task: str, cell_name: str, seed: int) -> None:
+    if screening.write_not_promoted_eval(study, task, cell_name, seed):  # its training was not promoted
+        return
     cell = study.cell(task, cell_name)
     ev, t = cell.eval, cell.train
     wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
     ckpt = Path(output_path("train", "ckpt", **wc))
-    bpe_dir = Path(output_path("bpe", "bpe", study=study.name, task=task))
+    bpe_dir = Path(data_paths(study, task, cell_name)[1])  # the cell's data variant
     out_dir = Path(output_path("evaluate", "outputs", **wc))
     metrics_path = Path(output_path("evaluate", "metrics", **wc))
     info_path = Path(output_path("evaluate", "info", **wc))
@@ -142,8 +146,8 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         for split in ("validation", "test"):
             stream, ends = batching.load_lm_stream(bpe_dir, split)
             nll, count = lm_nll(model, stream, ends, t.lm_seq_len, rows, device, t.precision)
-            line_words = [len(str(x).split()) + 1 for x in _references(study, task, split, bpe_dir)["text"]]
-            words = _word_denominator(study, task, split, len(ends), sum(line_words))
+            line_words = [len(str(x).split()) + 1 for x in _references(study, task, split, bpe_dir, cell_name)["text"]]
+            words = _word_denominator(study, task, split, len(ends), sum(line_words), cell_name)
             short = "val" if split == "validation" else "test"
             result[f"{short}_loss"] = float(nll.sum() / count.sum())
             result[f"{short}_ppl"] = metrics.perplexity(float(nll.sum()), int(count.sum()))
@@ -152,7 +156,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
             per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
                             for i, (a, b, w) in enumerate(zip(nll, count, line_words))]
         if not cell.leaks_future:
-            samples = _lm_samples(model, sp, _references(study, task, "test", bpe_dir)["text"], ev.n_samples, device)
+            samples = _lm_samples(model, sp, _references(study, task, "test", bpe_dir, cell_name)["text"], ev.n_samples, device)
     else:
         limit = ev.max_examples
         for split in ("validation", "test"):
@@ -162,10 +166,15 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
             short = "val" if split == "validation" else "test"
             result[f"{short}_loss"] = float(nll.sum() / count.sum())
             result[f"{short}_ppl"] = metrics.perplexity(float(nll.sum()), int(count.sum()))
-            per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": ""}
-                            for i, (a, b) in enumerate(zip(nll, count))]
+            # Per-word perplexity: the same summed NLL over the reference's words (+1 for the
+            # end of sequence), so cells with different tokenizers compare; per-token cannot.
+            ref_words = [len(str(x).split()) + 1
+                         for x in _references(study, task, split, bpe_dir, cell_name)["tgt"].iloc[: len(nll)]]
+            result[f"{short}_ppl_word"] = metrics.perplexity(float(nll.sum()), int(sum(ref_words)))
+            per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
+                            for i, (a, b, w) in enumerate(zip(nll, count, ref_words))]
         test = batching.load_seq2seq(bpe_dir, "test", t.max_src_len, t.max_tgt_len, limit=limit)
-        refs_frame = _references(study, task, "test", bpe_dir).iloc[: len(test)]
+        refs_frame = _references(study, task, "test", bpe_dir, cell_name).iloc[: len(test)]
         hyp_ids = decode_all(model, test, ev, device, t.precision, desc=f"decode {task}/{cell_name}/s{seed}")
         hyps = [sp.decode(h) for h in hyp_ids]
         refs = [str(r) for r in refs_frame["tgt"]]

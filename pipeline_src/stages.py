@@ -6,6 +6,8 @@ checks that Snakemake's and DVC's views of the DAG agree job for job.
 """
 from __future__ import annotations
 
+import hashlib
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +23,9 @@ CODE_PATTERNS = {
     "download": ["pipeline_src/data/__init__.py", "pipeline_src/data/download.py", "pipeline_src/data/demo.py"],
     "filter": ["pipeline_src/data/__init__.py", "pipeline_src/data/filter.py"],
     "bpe": ["pipeline_src/data/__init__.py", "pipeline_src/data/tokens.py", "pipeline_src/bpe.py"],
-    "train": ["pipeline_src/train.py", _MODEL],
+    "train": ["pipeline_src/train.py", "pipeline_src/screening.py", _MODEL],
     "evaluate": ["pipeline_src/evaluate.py", "pipeline_src/metrics.py", _MODEL],
+    "promote": ["pipeline_src/screening.py", "pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
     "aggregate": ["pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
     "figures": ["pipeline_src/report/figures.py"],
     "tables": ["pipeline_src/report/tables.py"],
@@ -46,8 +49,10 @@ GPU_STAGES = {"train", "evaluate"}
 # verbatim (with wildcards); DVC stages and jobs use them formatted.
 OUTPUTS: dict[str, dict[str, str]] = {
     "download": {"raw": "data/{study}/raw/{dataset}"},
-    "filter": {"filtered": "data/{study}/filtered/{task}"},
-    "bpe": {"bpe": "data/{study}/bpe/{task}"},
+    # {fv}/{tv}: the data variant (config.Study.data_variant): cells that override `filter` or
+    # `bpe` get their own filtered set / tokenizer; cells with equal settings share them.
+    "filter": {"filtered": "data/{study}/filtered/{task}/{fv}"},
+    "bpe": {"bpe": "data/{study}/bpe/{task}/{fv}/{tv}"},
     "train": {
         "ckpt": "data/{study}/runs/{task}/{cell}/seed{seed}/ckpt",
         "metrics": "data/{study}/runs/{task}/{cell}/seed{seed}/train_metrics.json",
@@ -60,6 +65,7 @@ OUTPUTS: dict[str, dict[str, str]] = {
         "metrics": "data/{study}/eval/{task}/{cell}/seed{seed}/eval_metrics.json",
         "info": "data/{study}/eval/{task}/{cell}/seed{seed}/eval_info.json",
     },
+    "promote": {"promotion": "data/{study}/screening/{screen}/promotion.json"},
     "aggregate": {
         "results": "reports/{study}/results.csv",
         "summary": "reports/{study}/summary.csv",
@@ -88,6 +94,18 @@ def output_path(stage: str, name: str, **wildcards) -> str:
     return OUTPUTS[stage][name].format(**wildcards)
 
 
+def promotion_path(study: Study, screen: str) -> str:
+    return output_path("promote", "promotion", study=study.name, screen=screen)
+
+
+def data_paths(study: Study, task: str, cell: str | None = None) -> tuple[str, str]:
+    """(filtered dir, bpe dir) a cell trains and evaluates on; without a cell, the task's
+    baseline cell's (the data the report describes as the task's)."""
+    fv, tv = study.data_variant(task, cell or study.task(task).baseline_cell)
+    return (output_path("filter", "filtered", study=study.name, task=task, fv=fv),
+            output_path("bpe", "bpe", study=study.name, task=task, fv=fv, tv=tv))
+
+
 @dataclass(frozen=True)
 class Job:
     stage: str
@@ -99,6 +117,9 @@ class Job:
     params: tuple[str, ...]  # dotted keys of the params file this job reads
     gpu: bool = False
     param_hash: str = field(default="", compare=False)
+    # Jobs of one stage with another dependency/params shape (screening stages) form their own
+    # DVC foreach stage, named <stage>-<group>.
+    group: str = ""
 
     def out(self, name: str) -> str:
         return self.outs[name]
@@ -111,12 +132,16 @@ def _command(stage: str, study: Study, **args) -> str:
     return shlex.join(parts)
 
 
-def _job(study: Study, stage: str, key: str, wildcards: dict, deps, params, args: dict) -> Job:
+def _job(study: Study, stage: str, key: str, wildcards: dict, deps, params, args: dict,
+         extra_hash=None, group: str = "") -> Job:
     wc = dict(study=study.name, **wildcards)
     outs = {name: tmpl.format(**wc) for name, tmpl in OUTPUTS[stage].items()}
+    param_hash = study.section_hash(*params)
+    if extra_hash is not None:  # settings resolved from more than the listed sections (data variants)
+        param_hash = hashlib.sha256((param_hash + repr(extra_hash)).encode()).hexdigest()[:16]
     return Job(stage=stage, key=key, wildcards=wc, cmd=_command(stage, study, **args),
                deps=tuple(deps) + tuple(CODE[stage]), outs=outs, params=tuple(params),
-               gpu=stage in GPU_STAGES, param_hash=study.section_hash(*params))
+               gpu=stage in GPU_STAGES, param_hash=param_hash, group=group)
 
 
 def _existing(study: Study, *keys: str) -> list[str]:
@@ -124,51 +149,100 @@ def _existing(study: Study, *keys: str) -> list[str]:
     return [k for k in keys if lookup(study.raw, k) is not None]
 
 
+def _task_keys(study: Study, task, section: str) -> list[str]:
+    """Params keys of a task section; a screening stage's task reads its source task's, and
+    stage one also its `stage_one` overrides of filter/bpe/train."""
+    keys = [f"tasks.{task.source or task.name}.{section}"]
+    if task.stage == 1 and section in ("filter", "bpe", "train"):
+        keys.append(f"screening.{task.screen}.stage_one.{section}")
+    return _existing(study, *keys)
+
+
+def _group(task, cell: str | None = None) -> str:
+    if not task.stage:
+        return ""
+    gated = task.stage == 2 and cell is not None and cell != task.baseline_cell
+    return f"{task.screen}-s{task.stage}" + ("-gated" if gated else "")
+
+
 def build_jobs(study: Study) -> list[Job]:
-    """All jobs of a study, in a valid execution order."""
+    """All jobs of a study, grouped by stage."""
     jobs: list[Job] = []
     s = study.name
     used_datasets = list(dict.fromkeys(t.dataset for t in study.tasks.values()))
     for ds in used_datasets:
         jobs.append(_job(study, "download", ds, {"dataset": ds}, [], [f"datasets.{ds}"], {"dataset": ds}))
-    for task in study.tasks.values():
-        wc = {"task": task.name}
+    for task in study.all_tasks.values():
         raw = output_path("download", "raw", study=s, dataset=task.dataset)
-        jobs.append(_job(study, "filter", task.name, dict(wc, dataset=task.dataset), [raw],
-                         _existing(study, f"tasks.{task.name}.filter"), {"task": task.name}))
-        filtered = output_path("filter", "filtered", study=s, task=task.name)
-        jobs.append(_job(study, "bpe", task.name, wc, [filtered], _existing(study, f"tasks.{task.name}.bpe"),
-                         {"task": task.name}))
+        fvs, pairs = study.data_variants(task.name)
+        # One filter job per filter variant and one bpe job per (filter, tokenizer) variant: the
+        # DAG forks at the earliest data stage a cell changes. A variant job's settings are in
+        # its command (--fv/--tv name them), so its param hash covers them too.
+        for fv in fvs:
+            wc = {"task": task.name, "fv": fv}
+            jobs.append(_job(study, "filter", f"{task.name}-{fv}", dict(wc, dataset=task.dataset), [raw],
+                             _task_keys(study, task, "filter"), {"task": task.name, "fv": fv},
+                             extra_hash=study.filter_config(task.name, fv), group=_group(task)))
+        for fv, tv in pairs:
+            wc = {"task": task.name, "fv": fv, "tv": tv}
+            filtered = output_path("filter", "filtered", study=s, task=task.name, fv=fv)
+            jobs.append(_job(study, "bpe", f"{task.name}-{fv}-{tv}", wc, [filtered],
+                             _task_keys(study, task, "bpe"), {"task": task.name, "fv": fv, "tv": tv},
+                             extra_hash=study.bpe_config(task.name, fv, tv), group=_group(task)))
     train_jobs, eval_jobs = [], []
-    for task in study.tasks.values():
-        bpe = output_path("bpe", "bpe", study=s, task=task.name)
+    for task in study.all_tasks.values():
         for cell in task.cells:
+            fv, tv = study.data_variant(task.name, cell)
+            bpe = output_path("bpe", "bpe", study=s, task=task.name, fv=fv, tv=tv)
             for seed in study.seeds:
-                wc = {"task": task.name, "cell": cell, "seed": seed}
+                wc = {"task": task.name, "cell": cell, "seed": seed, "fv": fv, "tv": tv}
                 key = f"{task.name}-{cell}-s{seed}"
                 args = {"task": task.name, "cell": cell, "seed": seed}
-                train_params = _existing(study, f"tasks.{task.name}.model", f"tasks.{task.name}.train",
-                                         f"cells.{cell}")
-                train_jobs.append(_job(study, "train", key, wc, [bpe], train_params, args))
+                train_params = (_task_keys(study, task, "model") + _task_keys(study, task, "train")
+                                + _existing(study, f"cells.{cell}"))
+                # Stage two of a screening: a cell trains only if stage one promoted its family
+                # (the promote job's record; otherwise the job writes a "not promoted" record).
+                gate = [promotion_path(study, task.screen)] if _group(task, cell).endswith("-gated") else []
+                train_jobs.append(_job(study, "train", key, wc, [bpe] + gate, train_params, args,
+                                       group=_group(task, cell)))
                 ckpt = output_path("train", "ckpt", study=s, **wc)
-                eval_params = _existing(study, f"tasks.{task.name}.eval", f"cells.{cell}")
-                eval_jobs.append(_job(study, "evaluate", key, wc, [bpe, ckpt], eval_params, args))
-    jobs += train_jobs + eval_jobs
+                eval_params = _task_keys(study, task, "eval") + _existing(study, f"cells.{cell}")
+                eval_jobs.append(_job(study, "evaluate", key, wc, [bpe, ckpt], eval_params, args,
+                                      group=_group(task)))
+    promote_jobs = []
+    for screen in study.screens.values():
+        s1 = screen.stage_tasks[0]
+        deps = [j.out(n) for j in eval_jobs if j.wildcards["task"] == s1 for n in ("outputs", "metrics")]
+        promote_jobs.append(_job(study, "promote", screen.name, {"screen": screen.name}, deps,
+                                 _existing(study, f"screening.{screen.name}"), {"screen": screen.name}))
+    main_tasks = set(study.tasks)
+    screen_train = [j for j in train_jobs if j.wildcards["task"] not in main_tasks]
+    screen_eval = [j for j in eval_jobs if j.wildcards["task"] not in main_tasks]
+    jobs += train_jobs + eval_jobs + promote_jobs
+    # The report's per-task parts cover the study's own tasks; screening stages feed only the
+    # screening tables.
+    train_jobs = [j for j in train_jobs if j.wildcards["task"] in main_tasks]
+    eval_jobs = [j for j in eval_jobs if j.wildcards["task"] in main_tasks]
     wc = {}
-    filtered_all = [output_path("filter", "filtered", study=s, task=t) for t in study.tasks]
+    filtered_all = [j.out("filtered") for j in jobs if j.stage == "filter" and j.wildcards["task"] in main_tasks]
     run_files = [j.out(n) for j in train_jobs for n in ("metrics", "info", "cost")]
     eval_files = [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")]
     logs = [j.out("log") for j in train_jobs]
     agg = _job(study, "aggregate", s, wc, filtered_all + run_files + eval_files + logs, ["tasks", "cells", "seeds"],
                {})
-    bpe_all = [output_path("bpe", "bpe", study=s, task=t) for t in study.tasks]
     # The attention heat map reads one checkpoint: the first cell and seed of the chosen task.
     attention_task = study.report.get("attention_sample_task") or next(iter(study.tasks))
     first = next(j for j in train_jobs if j.wildcards["task"] == attention_task)
-    figs = _job(study, "figures", s, wc, list(agg.outs.values()) + logs + [first.out("ckpt")]
-                + [output_path("bpe", "bpe", study=s, task=attention_task)], _existing(study, "report"), {})
-    tabs = _job(study, "tables", s, wc, list(agg.outs.values()) + filtered_all + bpe_all,
-                ["tasks", "cells", "datasets"], {})
+    # (filtered sets: the learning-curve figure counts each data-size cell's training rows)
+    figs = _job(study, "figures", s, wc, list(agg.outs.values()) + logs + filtered_all + [first.out("ckpt")]
+                + [output_path("bpe", "bpe", **first.wildcards)], _existing(study, "report"), {})
+    screening = [j.out("promotion") for j in promote_jobs] + [j.out(n) for j in screen_eval
+                                                               for n in ("outputs", "metrics")] \
+        + [j.out("metrics") for j in screen_train]
+    # (the data tables describe each task's data as its baseline cell sees it)
+    base_data = [p for t in study.tasks for p in data_paths(study, t)]
+    tabs = _job(study, "tables", s, wc, list(agg.outs.values()) + base_data + screening,
+                _existing(study, "tasks", "cells", "datasets", "screening"), {})
     report = _job(study, "report", s, wc, [figs.out("figures"), tabs.out("tables")] + list(agg.outs.values())
                   + [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")],
                   _existing(study, "report", "study"), {})
@@ -189,11 +263,14 @@ class JobIndex:
 
     def __init__(self, study: Study):
         self.study = study
-        self._jobs = {(job.stage, _key(job.wildcards)): job for job in build_jobs(study)}
+        # Keyed by the wildcards of the stage's output paths: exactly those a rule instance has
+        # (a job also carries derived ones, e.g. a training job its data variant).
+        self._jobs = {(job.stage, _key(job.wildcards, _output_wildcards(job.stage))): job
+                      for job in build_jobs(study)}
 
     def __call__(self, stage: str, wildcards) -> Job:
         wc = dict(wildcards)
-        job = self._jobs.get((stage, _key(wc)))
+        job = self._jobs.get((stage, _key(wc, _output_wildcards(stage))))
         if job is None:  # a rule's wildcards may be a subset of the job's (filter also knows its dataset)
             job = next((j for (s, _), j in self._jobs.items() if s == stage
                         and all(str(j.wildcards.get(k)) == str(v) for k, v in wc.items())), None)
@@ -202,5 +279,9 @@ class JobIndex:
         return job
 
 
-def _key(wildcards: dict) -> tuple:
-    return tuple(sorted((k, str(v)) for k, v in wildcards.items() if k != "study"))
+def _output_wildcards(stage: str) -> set[str]:
+    return {w for tmpl in OUTPUTS[stage].values() for w in re.findall(r"{(\w+)}", tmpl)}
+
+
+def _key(wildcards: dict, names: set[str]) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in wildcards.items() if k != "study" and k in names))

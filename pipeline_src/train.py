@@ -24,14 +24,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import batching
+from . import batching, screening
 from .common import (StageError, atomic_dir, cpu_name, atomic_write_json, atomic_write_text, progress, provenance,
                      seed_everything)
 from .config import CellConfig, Study
 from .data.tokens import BOS, EOS, PAD, load_spm
 from .gpu_slots import claim_gpu
 from .model import ModelConfig, Transformer, count_parameters, flops_per_token
-from .stages import SCRATCH, output_path
+from .stages import SCRATCH, data_paths, output_path
 from .step_meter import StepMeter
 
 LOG_COLUMNS = ["step", "epoch", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mem_mb"]
@@ -219,12 +219,14 @@ def _load(path: Path):
 
 
 def run(study: Study, task: str, cell_name: str, seed: int) -> None:
+    if not screening.promoted(study, task, cell_name):  # stage two of a screening, family not promoted
+        return screening.write_not_promoted_train(study, task, cell_name, seed)
     cell = study.cell(task, cell_name)
     t = cell.train
     wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
     out = {name: Path(output_path("train", name, **wc)) for name in ("ckpt", "metrics", "info", "log", "cost")}
     scratch = Path(SCRATCH.format(**wc))
-    bpe_dir = Path(output_path("bpe", "bpe", study=study.name, task=task))
+    bpe_dir = Path(data_paths(study, task, cell_name)[1])  # the cell's data variant
 
     seed_everything(seed)
     device = select_device(study)

@@ -88,8 +88,13 @@ def test_snakemake_and_dvc_run_the_same_jobs(params, monkeypatch):
         assert smk[cmd]["outputs"] == dvc[cmd]["outputs"], cmd
         assert smk[cmd]["inputs"] == dvc[cmd]["inputs"], cmd
     study = load_study(ROOT / params)
-    n_train = sum(len(t.cells) for t in study.tasks.values()) * len(study.seeds)
+    n_train = sum(len(t.cells) for t in study.all_tasks.values()) * len(study.seeds)  # + screening stages
     assert sum(j["rule"] == "train" for j in smk.values()) == n_train
+    # Data variants fork the DAG: one filter job per filter variant, one bpe job per tokenizer.
+    n_variants = [study.data_variants(t) for t in study.all_tasks]
+    assert sum(j["rule"] == "filter" for j in smk.values()) == sum(len(fvs) for fvs, _ in n_variants)
+    assert sum(j["rule"] == "bpe" for j in smk.values()) == sum(len(pairs) for _, pairs in n_variants)
+    assert sum(j["rule"] == "promote" for j in smk.values()) == len(study.screens)
 
 
 def test_snakemake_lint_is_clean():

@@ -145,9 +145,9 @@ def test_pipeline_outputs_and_manifest(toy_run):
     assert manifest["splits"]["train"]["sha256"] == hashlib.sha256((raw / "train.parquet").read_bytes()).hexdigest()
     assert pq.read_table(raw / "train.parquet").column_names == ["en", "de"]  # the Hub's own schema
     assert "datasets" in manifest["provenance"]["versions"]
-    filtered = tmp / "data/toy/filtered/toy_mt"
+    filtered = tmp / "data/toy/filtered/toy_mt/default"
     assert pq.read_table(filtered / "train.parquet").column_names == ["src", "tgt"]
-    stats = json.loads((tmp / "data/toy/bpe/toy_mt/stats.json").read_text())
+    stats = json.loads((tmp / "data/toy/bpe/toy_mt/default/bpe60/stats.json").read_text())
     assert stats["vocab_size"] == 60 and stats["mb_per_s"] > 0
     assert set(stats["tokens"]) == {"train", "validation", "test"}
     assert no_temp_left(tmp)
@@ -155,11 +155,11 @@ def test_pipeline_outputs_and_manifest(toy_run):
 
 def test_ids_offsets_round_trip(toy_run):
     tmp, _ = toy_run
-    bpe_dir = tmp / "data/toy/bpe/toy_mt"
+    bpe_dir = tmp / "data/toy/bpe/toy_mt/default/bpe60"
     sp = load_spm(bpe_dir)
     assert [sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()] == [PAD, UNK, BOS, EOS] == [0, 1, 2, 3]
     for split in ("train", "validation", "test"):
-        frame = pq.read_table(tmp / f"data/toy/filtered/toy_mt/{split}.parquet").to_pandas()
+        frame = pq.read_table(tmp / f"data/toy/filtered/toy_mt/default/{split}.parquet").to_pandas()
         index = load_index(bpe_dir, split)
         for side in ("src", "tgt"):
             ids = np.load(bpe_dir / f"{split}.{side}.ids.npy")
@@ -185,8 +185,8 @@ def test_determinism(toy_run, tmp_path):
     skip = ("stats.json", "manifest.json")  # provenance names the params path; bpe stats hold MB/s
     a, b = tree_bytes(first / "data/toy", skip), tree_bytes(tmp_path / "data/toy", skip)
     assert a == b and any(k.endswith("spm.model") for k in a) and any(k.endswith(".ids.npy") for k in a)
-    sa = json.loads((first / "data/toy/bpe/toy_mt/stats.json").read_text())
-    sb = json.loads((tmp_path / "data/toy/bpe/toy_mt/stats.json").read_text())
+    sa = json.loads((first / "data/toy/bpe/toy_mt/default/bpe60/stats.json").read_text())
+    sb = json.loads((tmp_path / "data/toy/bpe/toy_mt/default/bpe60/stats.json").read_text())
     for key in ("tokens", "sequences", "dropped", "vocab_size"):
         assert sa[key] == sb[key]
 
@@ -217,7 +217,7 @@ def test_token_cut_keeps_references_aligned(tmp_path, monkeypatch):
     download.run(study, "toy")
     filt.run(study, "toy_mt")
     bpe.run(study, "toy_mt")
-    bpe_dir = tmp_path / "data/toy/bpe/toy_mt"
+    bpe_dir = tmp_path / "data/toy/bpe/toy_mt/default/bpe60"
     stats = json.loads((bpe_dir / "stats.json").read_text())
     (cut,) = stats["dropped"]
     assert cut["rule"] == "max_src_tokens" and cut["split"] == "train" and 0 < cut["after"] < cut["before"]
@@ -225,7 +225,7 @@ def test_token_cut_keeps_references_aligned(tmp_path, monkeypatch):
     assert len(index) == cut["after"] == stats["sequences"]["train"]
     assert len(load_index(bpe_dir, "test")) == 30  # only train is cut
     sp = load_spm(bpe_dir)
-    frame = pq.read_table(tmp_path / "data/toy/filtered/toy_mt/train.parquet").to_pandas()
+    frame = pq.read_table(tmp_path / "data/toy/filtered/toy_mt/default/train.parquet").to_pandas()
     for i, s, t in zip(index, load_sequences(bpe_dir, "train", "src"), load_sequences(bpe_dir, "train", "tgt")):
         assert len(s) <= 12
         assert sp.decode(s.tolist()) == frame.src[i] and sp.decode(t.tolist()) == frame.tgt[i]
@@ -240,7 +240,7 @@ def test_vocab_too_large_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(StageError) as err:
         bpe.run(study, "toy_mt")
     assert "tasks.toy_mt.bpe.vocab_size" in one_line(err)
-    assert not (tmp_path / "data/toy/bpe/toy_mt").exists() and no_temp_left(tmp_path)
+    assert not (tmp_path / "data/toy/bpe/toy_mt/default/bpe5000").exists() and no_temp_left(tmp_path)
 
 
 def test_spm_literal_unk_in_text_round_trips():
@@ -344,7 +344,7 @@ def test_filter_removing_every_row(tmp_path, monkeypatch):
     msg = one_line(err)
     for part in ("toy_mt", "dataset toy", "split train", "min_src_len", "train.parquet"):
         assert part in msg, msg
-    assert not (tmp_path / "data/toy/filtered/toy_mt").exists() and no_temp_left(tmp_path)
+    assert not (tmp_path / "data/toy/filtered/toy_mt/default").exists() and no_temp_left(tmp_path)
 
 
 def test_hub_unreachable_without_mirror(tmp_path, monkeypatch):
@@ -392,7 +392,7 @@ def test_hub_parquet_export_from_a_local_copy(tmp_path, monkeypatch):
     assert manifest["source"] == f"local:{repo}/iwslt2017-en-de@refs/convert/parquet"
     assert {s: v["rows"] for s, v in manifest["splits"].items()} == {"train": 300, "validation": 30, "test": 20}
     filt.run(study, "iwslt_mt")
-    first = pq.read_table(tmp_path / "data/toy/filtered/iwslt_mt/train.parquet").to_pylist()[0]
+    first = pq.read_table(tmp_path / "data/toy/filtered/iwslt_mt/default/train.parquet").to_pylist()[0]
     assert (first["src"], first["tgt"]) == (toy_pairs(1, 0)[0]["en"], toy_pairs(1, 0)[0]["de"])
 
 
@@ -432,9 +432,9 @@ def test_hub_repo_layouts_from_local_copies(tmp_path, monkeypatch):
     assert rows == {"multi30k": {"train": 40, "validation": 6, "test": 5},
                     "wikitext2": {"train": 5, "validation": 2, "test": 1}}
     filt.run(study, "lm")
-    kept = pq.read_table(tmp_path / "data/toy/filtered/lm/train.parquet").column("text").to_pylist()
+    kept = pq.read_table(tmp_path / "data/toy/filtered/lm/default/train.parquet").column("text").to_pylist()
     assert [t.strip() for t in kept] == ["The game began .", "It was released ."]   # asked: blank lines, headings dropped
-    valid = pq.read_table(tmp_path / "data/toy/filtered/lm/validation.parquet").column("text").to_pylist()
+    valid = pq.read_table(tmp_path / "data/toy/filtered/lm/default/validation.parquet").column("text").to_pylist()
     assert valid == ["= Heading =", "A line ."]   # evaluated whole
 
 
@@ -502,7 +502,7 @@ def test_filter_rule_counts(tmp_path, monkeypatch):
     study = toy_study(tmp_path, filter_cfg={"max_src_len": 5, "max_tgt_len": 4, "max_ratio": 1.5})
     download.run(study, "toy")
     filt.run(study, "toy_mt")
-    out = tmp_path / "data/toy/filtered/toy_mt"
+    out = tmp_path / "data/toy/filtered/toy_mt/default"
     stats = json.loads((out / "stats.json").read_text())
     got = [(r["split"], r["rule"], r["before"], r["after"]) for r in stats["rules"]]
     assert got == [("train", "drop_empty", 8, 7), ("train", "min_src_len", 7, 7), ("train", "max_src_len", 7, 6),
@@ -522,7 +522,7 @@ def test_sampling_and_splits_to_filter(tmp_path, monkeypatch):
                                             "splits_to_filter": ["train", "test"]})
     download.run(study, "toy")
     filt.run(study, "toy_mt")
-    out = tmp_path / "data/toy/filtered/toy_mt"
+    out = tmp_path / "data/toy/filtered/toy_mt/default"
     first = {s: pq.read_table(out / f"{s}.parquet").column("src").to_pylist() for s in ("train", "validation", "test")}
     stats = json.loads((out / "stats.json").read_text())
     got = {(r["split"], r["rule"]): (r["before"], r["after"]) for r in stats["rules"]}
@@ -544,7 +544,7 @@ def test_nested_fields_and_ids(tmp_path, monkeypatch):
     study = toy_study(tmp_path, fields={"src": "translation.en", "tgt": "translation.de", "id": "id"})
     download.run(study, "toy")
     filt.run(study, "toy_mt")
-    table = pq.read_table(tmp_path / "data/toy/filtered/toy_mt/test.parquet")
+    table = pq.read_table(tmp_path / "data/toy/filtered/toy_mt/default/test.parquet")
     assert table.to_pydict() == {"src": [f"hello {i}" for i in range(5)], "tgt": [f"hallo {i}" for i in range(5)],
                                  "id": [f"test{i}" for i in range(5)]}
 
@@ -650,7 +650,7 @@ def test_wikitext_headings_and_blank_lines(tmp_path, monkeypatch):
     study = _lm_study(tmp_path, "wikitext", rows, {"dedup": False, "drop_headings": True})
     download.run(study, "wiki")
     filt.run(study, "wiki_lm")
-    out = tmp_path / "data/toy/filtered/wiki_lm"
+    out = tmp_path / "data/toy/filtered/wiki_lm/default"
     assert pq.read_table(out / "train.parquet").to_pydict() == {
         "text": ["Senjo no Valkyria 3 is a game .", "As with previous games , it is fun ."]}
     assert pq.read_table(out / "test.parquet").column("text").to_pylist() == [x.strip() for x in wiki]
@@ -661,7 +661,7 @@ def test_wikitext_headings_and_blank_lines(tmp_path, monkeypatch):
     # the denominator: 17 heading tokens + 17 text tokens + one <eos> for each of the 9 lines
     assert stats["words"]["test"] == {"whitespace_tokens": 34, "lines": 9, "words": 43}
     bpe.run(study, "wiki_lm")
-    bstats = json.loads((tmp_path / "data/toy/bpe/wiki_lm/stats.json").read_text())
+    bstats = json.loads((tmp_path / "data/toy/bpe/wiki_lm/default/bpe40/stats.json").read_text())
     assert bstats["sequences"]["test"] == 9 and bstats["sequences"]["train"] == 2
     assert "tgt" not in bstats["tokens"]["test"] and bstats["tokens"]["test"]["text"] > 0
 
@@ -672,7 +672,7 @@ def test_lm_plain_splits_lines(tmp_path, monkeypatch):
     study = _lm_study(tmp_path, "plain", rows)
     download.run(study, "wiki")
     filt.run(study, "wiki_lm")
-    out = tmp_path / "data/toy/filtered/wiki_lm"
+    out = tmp_path / "data/toy/filtered/wiki_lm/default"
     assert pq.read_table(out / "train.parquet").column("text").to_pylist() == ["a b c", "d e", "f", "g h"]
     assert pq.read_table(out / "validation.parquet").column("text").to_pylist() == ["a b c", "d e", "", "f", "", "g h"]
     stats = json.loads((out / "stats.json").read_text())
@@ -726,9 +726,9 @@ def test_demo_download_uses_generator(tmp_path, monkeypatch):
     assert pq.read_table(raw / "train.parquet").to_pylist() == demo.generate("grammar", "train", 200, 3)
     filt.run(study, "g_lm")
     bpe.run(study, "g_lm")
-    sp = load_spm(tmp_path / "data/toy/bpe/g_lm")
-    text = pq.read_table(tmp_path / "data/toy/filtered/g_lm/validation.parquet").column("text").to_pylist()
-    seqs = load_sequences(tmp_path / "data/toy/bpe/g_lm", "validation", "text")
+    sp = load_spm(tmp_path / "data/toy/bpe/g_lm/default/bpe100")
+    text = pq.read_table(tmp_path / "data/toy/filtered/g_lm/default/validation.parquet").column("text").to_pylist()
+    seqs = load_sequences(tmp_path / "data/toy/bpe/g_lm/default/bpe100", "validation", "text")
     assert [sp.decode(s.tolist()) for s in seqs] == text
 
 
@@ -802,7 +802,7 @@ def _run_lm(tmp: Path, splits: dict, text_format: str, filter_cfg: dict, expecte
     ev = json.loads((tmp / "data/toy/eval/lm/baseline/seed0/eval_metrics.json").read_text())
     ev["samples"] = json.loads((tmp / "data/toy/eval/lm/baseline/seed0/eval_info.json").read_text())["samples"]
     ev["per_example"] = pd.read_csv(tmp / "data/toy/eval/lm/baseline/seed0/outputs/per_example.tsv", sep="\t")
-    return ev, json.loads((tmp / "data/toy/filtered/lm/stats.json").read_text())
+    return ev, json.loads((tmp / "data/toy/filtered/lm/default/stats.json").read_text())
 
 
 def _assert_denominator(ev: dict, split: str, want: int, bpe_dir: Path) -> None:
@@ -829,7 +829,7 @@ def test_wikitext_denominator_is_the_published_count(tmp_path, monkeypatch):
     ev, stats = _run_lm(tmp_path, splits, "wikitext", {"dedup": False, "drop_headings": True}, expected=want)
     assert stats["words"]["test"] == {"whitespace_tokens": 110, "lines": 17, "words": want["test"]}
     for split in ("validation", "test"):
-        _assert_denominator(ev, split, want[split], tmp_path / "data/toy/bpe/lm")
+        _assert_denominator(ev, split, want[split], next((tmp_path / "data/toy/bpe/lm/default").iterdir()))
     assert [s["source"] for s in ev["samples"]] == ["= Robert Boulter =", "Robert Boulter is an"]  # blank lines skipped
 
 
@@ -847,7 +847,7 @@ def test_wikitext_raw_release_has_the_tokenised_count(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     splits = {"train": hub_rows(WIKI_TRAIN), **{s: hub_rows(t) for s, t in WIKI_RAW.items()}}
     ev, _ = _run_lm(tmp_path, splits, "wikitext", {"min_src_len": 0, "drop_empty": False, "dedup": False})
-    _assert_denominator(ev, "test", published_count(WIKI_TOKENS["test"]), tmp_path / "data/toy/bpe/lm")
+    _assert_denominator(ev, "test", published_count(WIKI_TOKENS["test"]), next((tmp_path / "data/toy/bpe/lm/default").iterdir()))
 
 
 def test_expected_word_count_is_checked_at_download(tmp_path, monkeypatch):
@@ -876,7 +876,7 @@ def test_ptb_style_denominator(tmp_path, monkeypatch):
     splits = {"train": rows * 20, "validation": rows[:2], "test": rows}
     ev, _ = _run_lm(tmp_path, splits, "plain", {"dedup": False, "sample_size": 30}, expected={"test": want},
                     vocab=60, field="sentence")
-    _assert_denominator(ev, "test", want, tmp_path / "data/toy/bpe/lm")
+    _assert_denominator(ev, "test", want, next((tmp_path / "data/toy/bpe/lm/default").iterdir()))
 
 
 def test_plain_text_denominator(tmp_path, monkeypatch):
@@ -891,7 +891,7 @@ def test_plain_text_denominator(tmp_path, monkeypatch):
                                    "test": [{"text": d} for d in docs]}, "plain", {"dedup": False}, vocab=40)
     assert stats["words"]["test"] == {"whitespace_tokens": 18, "lines": 6, "words": want}
     assert stats["rows"]["train"] == 30 * 4 and stats["rows"]["test"] == 6
-    _assert_denominator(ev, "test", want, tmp_path / "data/toy/bpe/lm")
+    _assert_denominator(ev, "test", want, next((tmp_path / "data/toy/bpe/lm/default").iterdir()))
 
 
 @pytest.mark.skipif(not (REPO.parent / "shared/datasets/ptb/test.jsonl.gz").is_file(),
@@ -905,7 +905,7 @@ def test_ptb_mirror_counts_are_the_published_ones(tmp_path, monkeypatch):
                        mirror=str(REPO.parent / "shared/datasets"))
     download.run(study, "ptb")
     filt.run(study, "ptb")
-    stats = json.loads((tmp_path / "data/toy/filtered/ptb/stats.json").read_text())
+    stats = json.loads((tmp_path / "data/toy/filtered/ptb/default/stats.json").read_text())
     assert stats["words"]["test"] == {"whitespace_tokens": 78669, "lines": 3761, "words": 82430}
     assert stats["words"]["validation"]["words"] == 73760 and stats["rows"]["test"] == 3761
 

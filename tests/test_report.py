@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from pipeline_src.common import StageError
-from pipeline_src.stages import output_path
+from pipeline_src.stages import data_paths, output_path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "report"
 _spec = importlib.util.spec_from_file_location("fake_study", FIXTURES / "fake_study.py")
@@ -189,8 +189,7 @@ def test_attention_inputs_from_a_real_checkpoint(in_root):
     task = figures.attention_task(study)
     model, meta = figures.load_model(Path(output_path("train", "ckpt", study=study.name, task=task.name,
                                                       cell="baseline", seed=0)))
-    src, tgt, src_p, tgt_p = figures.sample_inputs(task, Path(output_path("bpe", "bpe", study=study.name,
-                                                                          task=task.name)), "encoder_decoder")
+    src, tgt, src_p, tgt_p = figures.sample_inputs(task, Path(data_paths(study, task.name)[1]), "encoder_decoder")
     assert src[-1] == 3 and tgt[0] == 2 and len(src_p) == len(src) and len(tgt_p) == len(tgt)
     assert len(src) <= figures.ATTENTION_MAX_TOKENS and src_p[-1] == "</s>" and tgt_p[0] == "<s>"
     weights = model.attention_weights(torch.tensor([src]), torch.tensor([tgt]))

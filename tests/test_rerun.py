@@ -1,5 +1,6 @@
 """Editing one cell in the params file reruns exactly that cell's train/evaluate jobs and the
 report steps, under Snakemake and under DVC. Runs a real (tiny) study in a scratch copy of the repo."""
+import json
 import os
 import re
 import shutil
@@ -44,12 +45,37 @@ def repo(tmp_path_factory):
             (repo / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, repo / f)
     (repo / PARAMS).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(TINY, repo / PARAMS)
+    # The tiny study plus cells that reach the data (a data-size and a tokenizer cell) and a
+    # two-stage screening, so the forks and the promotion run under both drivers.
+    params = yaml.safe_load(TINY.read_text())
+    params["cells"].update({
+        "data_half": {"family": "data_size", "filter": {"sample_fraction": 0.5}},
+        "tok_char": {"family": "tokenizer", "bpe": {"model_type": "char"}},
+        "heads_1": {"family": "heads", "model": {"n_heads": 1}},
+        "no_residual": {"family": "residual", "model": {"residual": False}}})
+    params["tasks"]["reorder"]["cells"] += ["data_half", "tok_char"]
+    params["screening"] = {"scr": {"task": "reorder", "cells": ["baseline", "heads_1", "no_residual"],
+                                   "stage_one": {"filter": {"sample_fraction": 0.5}}, "promote": {"top_k": 1}}}
+    (repo / PARAMS).write_text(yaml.safe_dump(params, sort_keys=False))
     _run(["git", "init", "-q"], repo)
     _run([sys.executable, "-m", "pipeline_src", "dvc-yaml", "--params", PARAMS], repo)
     _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}"], repo)
     assert (repo / "reports/tiny/report.pdf").exists()
     return repo
+
+
+def test_screening_promotes_one_family_and_records_the_rest(repo):
+    record = json.loads((repo / "data/tiny/screening/scr/promotion.json").read_text())
+    assert len(record["promoted"]) == 1 and {f["family"] for f in record["families"]} == {"heads", "residual"}
+    (loser,) = [f["cell"] for f in record["families"] if not f["promoted"]]
+    (winner,) = [f["cell"] for f in record["families"] if f["promoted"]]
+    assert json.loads((repo / f"data/tiny/runs/scr-s2/{loser}/seed0/train_metrics.json").read_text())["promoted"] is False
+    assert (repo / f"data/tiny/runs/scr-s2/{winner}/seed0/ckpt/best.pt").exists()
+    tables = repo / "reports/tiny/tables"
+    assert (tables / "screening_scr.tex").exists() and "not run" in (tables / "screening_scr.tex").read_text()
+    assert (repo / "reports/tiny/figures/learning_curve_reorder.pdf").exists()
+    tex = (repo / "reports/tiny/report.tex").read_text()
+    assert "Ablations that reach the data" in tex and "not comparable across tokenizers" in tex
 
 
 def test_snakemake_reruns_exactly_the_edited_cell(repo):
@@ -67,6 +93,31 @@ def test_snakemake_reruns_exactly_the_edited_cell(repo):
     _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}"], repo)
 
 
+def _edit_data_cell(repo: Path, **bpe):
+    path = repo / PARAMS
+    params = yaml.safe_load(path.read_text())
+    params["cells"]["tok_char"]["bpe"] = bpe
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    _run([sys.executable, "-m", "pipeline_src", "dvc-yaml", "--params", PARAMS], repo)  # the DAG's forks changed
+
+
+def test_snakemake_reruns_only_the_edited_tokenizer_fork(repo):
+    """A data override forks the DAG at the tokenizer: editing it reruns exactly that tokenizer,
+    the cell's training/evaluation and the report steps; the shared filtered set and the other
+    cells' tokenizers stay."""
+    _edit_data_cell(repo, model_type="unigram")
+    out = _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}", "-n"], repo)
+    jobs = set()
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
+        head = re.match(r"(?:local)?rule (\w+):", block)
+        if head and head.group(1) != "all":
+            key = re.search(r"(?:cell|tv)=([\w-]+)", block)
+            jobs.add((head.group(1), key.group(1) if key else None))
+    assert jobs == {("bpe", "unigram60"), ("train", "tok_char"), ("evaluate", "tok_char")} | \
+        {(s, None) for s in REPORT_STEPS}, jobs
+    _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}"], repo)
+
+
 def test_dvc_reruns_exactly_the_edited_cell(repo):
     dvc_file = "workflow/studies/tiny/dvc.yaml"
     _run([BIN / "dvc", "init", "-q", "--force"], repo)
@@ -78,3 +129,11 @@ def test_dvc_reruns_exactly_the_edited_cell(repo):
     assert ran == {"train@reorder-pe_none-s0", "evaluate@reorder-pe_none-s0"} | REPORT_STEPS, ran
     out = _run([BIN / "dvc", "repro", dvc_file], repo)
     assert "Running stage" not in out
+
+
+def test_dvc_reruns_only_the_edited_tokenizer_fork(repo):
+    _edit_data_cell(repo, model_type="word")
+    out = _run([BIN / "dvc", "repro", "workflow/studies/tiny/dvc.yaml"], repo)
+    ran = set(re.findall(r"Running stage '[^:]+:([^']+)'", out))
+    assert ran == {"bpe@reorder-default-word60", "train@reorder-tok_char-s0", "evaluate@reorder-tok_char-s0"} \
+        | REPORT_STEPS, ran

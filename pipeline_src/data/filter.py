@@ -1,4 +1,4 @@
-"""Stage `filter`: raw rows of a task's dataset -> data/<study>/filtered/<task>/.
+"""Stage `filter`: raw rows of a task's dataset -> data/<study>/filtered/<task>/<variant>/.
 
 Output: `<split>.parquet` with normalised columns (`src`, `tgt` [, `id`] for translation and
 summarization; `text` for lm) and `stats.json` with the before/after row count of every rule
@@ -19,8 +19,10 @@ Per split, in this order:
     lm uses the src limits on its text), `max_ratio` (either direction, as Moses'
     clean-corpus-n / fairseq: drop when len(src)/len(tgt) or len(tgt)/len(src) > max_ratio),
     `dedup` (exact duplicate (src, tgt) pairs, first kept), `sample_fraction` then
-    `sample_size` (uniform without replacement, seeded by `sample_seed` and the split; the
-    kept rows stay in corpus order).
+    `sample_size` (uniform without replacement, seeded by `sample_seed` and the split; smaller
+    samples are nested in larger ones; the kept rows stay in corpus order).
+A cell may override any of these (`cells.<c>.filter`, e.g. a data-size ablation); each distinct
+override is one filter variant, data/<study>/filtered/<task>/<variant>/.
 Field mapping and length counting run as a batched `datasets.map` (worker processes only
 with PIPELINE_DATA_PROCS, see num_proc_for); the rules themselves are vectorised numpy masks over those lengths.
 """
@@ -96,19 +98,23 @@ class _Rules:
 
 
 def _sample(rules: _Rules, cfg, split: str, hint) -> None:
+    """Keep a uniform random subset: the first k rows of one fixed random order of the rows that
+    passed the other rules. The order depends only on `sample_seed` and the split (never on a
+    training seed), so subsets are nested: the 10 % sample is part of the 30 % sample, which is
+    part of the full set, for a data-size learning curve. The kept rows stay in corpus order."""
     idx = np.flatnonzero(rules.keep)
-    n = len(idx)
     rng = np.random.default_rng([cfg.sample_seed, SPLITS.index(split) if split in SPLITS else 99])
-    if cfg.sample_fraction < 1.0:
-        k = max(1, int(round(n * cfg.sample_fraction)))
+    order = idx[rng.permutation(len(idx))]
+    k = len(idx)
+    for rule, size in (("sample_fraction", None if cfg.sample_fraction >= 1.0 else
+                        max(1, int(round(len(idx) * cfg.sample_fraction)))),
+                       ("sample_size", cfg.sample_size)):
+        if size is None:
+            continue
+        k = min(k, size)
         chosen = np.zeros_like(rules.keep)
-        chosen[np.sort(rng.choice(idx, size=k, replace=False))] = True
-        rules.apply("sample_fraction", keep=chosen, hint=hint("sample_fraction"))
-        idx, n = np.flatnonzero(rules.keep), k
-    if cfg.sample_size is not None:
-        chosen = np.zeros_like(rules.keep)
-        chosen[idx if n <= cfg.sample_size else np.sort(rng.choice(idx, size=cfg.sample_size, replace=False))] = True
-        rules.apply("sample_size", keep=chosen, hint=hint("sample_size"))
+        chosen[order[:k]] = True
+        rules.apply(rule, keep=chosen, hint=hint(rule))
 
 
 def _dedup_mask(data, columns: list[str], keep: np.ndarray) -> np.ndarray:
@@ -196,14 +202,15 @@ def filter_split(table, *, task: str, dataset: str, kind: str, split: str, origi
     return data.select(out_cols).take(kept), rules.records
 
 
-def run(study, task: str) -> None:
+def run(study, task: str, fv: str = "default") -> None:
     t0 = time.time()
-    if task not in study.tasks:
+    if task not in study.all_tasks:
         raise ConfigError(f"{study.path}: tasks.{task}: unknown or disabled task (enabled: {', '.join(study.tasks)})")
-    t = study.tasks[task]
+    t = study.task(task)
+    cfg = study.filter_config(task, fv)  # the task's filter, or a cell's override of it
     ds = study.datasets[t.dataset]
     raw = Path(output_path("download", "raw", study=study.name, dataset=t.dataset))
-    out = Path(output_path("filter", "filtered", study=study.name, task=task))
+    out = Path(output_path("filter", "filtered", study=study.name, task=task, fv=fv))
     if not (raw / "manifest.json").is_file():
         raise StageError(f"filter {task}: raw data of dataset {t.dataset} not found at {raw}; run "
                          f"`python -m pipeline_src download --params {study.path} --dataset {t.dataset}` first")
@@ -224,14 +231,14 @@ def run(study, task: str) -> None:
                 words[split] = lm_word_count(field_column(table, fields["text"]))
             kept, recs = filter_split(
                 table, task=task, dataset=t.dataset, kind=t.kind, split=split, origin=origin, fields=fields,
-                cfg=t.filter, text_format=ds.text_format,
-                apply_rules=split in t.filter.splits_to_filter)
+                cfg=cfg, text_format=ds.text_format,
+                apply_rules=split in cfg.splits_to_filter)
             write_parquet(kept, tmp / f"{split}.parquet")
             records += recs
             rows[split] = kept.num_rows
         atomic_write_json(tmp / "stats.json", {
-            "task": task, "dataset": t.dataset, "kind": t.kind, "unit": t.filter.unit,
-            "splits_to_filter": list(t.filter.splits_to_filter), "rules": records, "rows": rows,
+            "task": task, "variant": fv, "dataset": t.dataset, "kind": t.kind, "unit": cfg.unit,
+            "splits_to_filter": list(cfg.splits_to_filter), "rules": records, "rows": rows,
             **({"words": words} if t.kind == "lm" else {}),
             "provenance": provenance(study, stage="filter", task=task)})
     summary = ", ".join(f"{s} {n}" for s, n in rows.items())

@@ -45,12 +45,40 @@ TABLE_METRICS = {
 SCORE_METRICS = {"translation": ["bleu"], "summarization": ["rouge1", "rouge2", "rougeLsum"], "lm": ["test_ppl_word"]}
 # Metrics tested against the baseline in significance.csv.
 TESTED_METRICS = {
-    "translation": ["bleu", "test_ppl"],
-    "summarization": ["rouge1", "rouge2", "rougeLsum", "test_ppl"],
+    "translation": ["bleu", "test_ppl", "test_ppl_word"],
+    "summarization": ["rouge1", "rouge2", "rougeLsum", "test_ppl", "test_ppl_word"],
     "lm": ["test_ppl", "test_ppl_word"],
 }
+# Per-token metrics: comparable only between cells with the same tokenizer model. Cells of a task
+# that train on another one (tokenizer or data-size ablations) are compared per word (PPL) and on
+# detokenised text (BLEU, chrF, ROUGE) only; their per-token numbers are masked in figures and
+# tables and never tested against the baseline.
+TOKEN_LEVEL = {"test_ppl", "val_ppl", "test_loss", "val_loss"}
 ALPHA = 0.05
 BOOTSTRAP_SEED = 12345  # sacrebleu's default SACREBLEU_SEED, used for every paired test
+
+
+def other_tokenizer(study, task: str, cell: str) -> bool:
+    """Whether `cell` uses another tokenizer model than the task's baseline cell: another
+    tokenizer setting, or the same setting trained on other data (a data-size cell's subset
+    learns other merges). Only cells sharing the baseline's bpe directory share its tokens."""
+    return study.data_variant(task, cell) != study.data_variant(task, study.task(task).baseline_cell)
+
+
+def comparable(study, task: str, cell: str, metric: str) -> bool:
+    """Whether `metric` of `cell` may be compared with the task's baseline (see TOKEN_LEVEL)."""
+    return metric not in TOKEN_LEVEL or not other_tokenizer(study, task, cell)
+
+
+def mask_token_level(study, task, rows):
+    """Summary rows of one task (indexed by cell) with the per-token metrics of cells on another
+    tokenizer model blanked, so no figure or table puts them beside the baseline's."""
+    rows = rows.copy()
+    cols = [c for c in rows.columns if c.rsplit("_", 1)[0] in TOKEN_LEVEL and c.rsplit("_", 1)[-1] in ("mean", "std")]
+    for cell in rows.index:
+        if cell in study.cells and other_tokenizer(study, task.name, cell):
+            rows.loc[cell, cols] = float("nan")
+    return rows
 
 
 def display_name(metric: str) -> str:

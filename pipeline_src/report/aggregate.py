@@ -8,8 +8,10 @@ reports/<study>/significance.csv  every cell against its task's baseline cell
                                   (tasks.<T>.baseline_cell), paired on the same test examples:
                                     translation    BLEU: sacrebleu's paired bootstrap on hyps/refs
                                     summarization  ROUGE-1/2/Lsum: paired bootstrap of per-example F1
-                                    every task     test PPL (per BPE token; LM also per word): paired
-                                                   bootstrap of corpus PPL from per-sequence NLL sums
+                                    every task     test PPL per token and per word: paired bootstrap
+                                                   of corpus PPL from per-sequence NLL sums; per-token
+                                                   only for cells on the baseline's tokenizer model
+                                                   (report.TOKEN_LEVEL)
                                   One row per seed (cell seed s against baseline seed s) and one
                                   "pooled" row per cell and metric, where the resampling unit is a
                                   (seed, test example) pair: all seeds' outputs are concatenated,
@@ -30,8 +32,8 @@ import pandas as pd
 from .. import metrics
 from ..common import StageError, atomic_write_text
 from . import views
-from . import (ALPHA, BOOTSTRAP_SEED, METRIC_ORDER, TESTED_METRICS, higher_is_better, read_json, report_paths,
-               require, run_paths)
+from . import (ALPHA, BOOTSTRAP_SEED, METRIC_ORDER, TESTED_METRICS, comparable, higher_is_better, read_json,
+               report_paths, require, run_paths)
 
 ID_COLUMNS = ["task", "kind", "cell", "family", "label", "seed", "leaks_future"]
 TRAIN_COLUMNS = ["n_params", "flops_per_token", "steps", "train_tokens", "best_val_loss", "best_step",
@@ -272,6 +274,8 @@ def significance(study, results: pd.DataFrame) -> pd.DataFrame:
             ident = {"task": task.name, "kind": task.kind, "cell": cell, "family": cfg.family, "label": cfg.label,
                      "leaks_future": bool(cfg.leaks_future), "baseline": base}
             for metric in tested:
+                if not comparable(study, task.name, cell, metric):
+                    continue  # per-token numbers of another tokenizer: no valid comparison
                 for seeds, label in [([s], s) for s in study.seeds] + [(list(study.seeds), "pooled")]:
                     res = _test_one(out, task.name, task.kind, base, cell, seeds, metric, n, task_means)
                     rows.append({**ident, "seed": label, **res})

@@ -255,6 +255,36 @@ def _index(directory: Path) -> list[dict]:
     return data
 
 
+def _data_ablations(study, figs: list[dict], tabs: list[dict], fig_caption: dict) -> dict | None:
+    """The section on cells that override `filter`/`bpe`: which comparisons are valid, the
+    learning curves and the two-stage screening tables. None when no cell reaches the data."""
+    from . import other_tokenizer
+
+    by_task = {t.name: [c for c in t.cells if other_tokenizer(study, t.name, c)] for t in study.tasks.values()}
+    curves = [{"name": f["name"], "caption": fig_caption[f["name"]]} for f in figs if f.get("kind") == "learning_curve"]
+    screening = [x["name"] for x in tabs if x.get("kind") == "screening"]
+    if not any(by_task.values()) and not curves and not screening:
+        return None
+    parts = []
+    for task, cells in by_task.items():
+        if not cells:
+            continue
+        base = study.cell(task, study.tasks[task].baseline_cell)
+        labels = ", ".join(esc(study.cell(task, c).label) for c in cells)
+        parts.append(f"On \\emph{{{esc(task)}}}, {labels} use{'s' if len(cells) == 1 else ''} another tokenizer "
+                     f"model than the base ({esc(base.tv)} on data variant {esc(base.fv)}).")
+    text = " ".join(parts)
+    if parts:
+        text += (" A tokenizer that cuts text into more, shorter pieces predicts each piece more easily, so "
+                 "perplexity per token is not comparable across tokenizers and is left out (--) for these "
+                 "cells and never tested. Valid comparisons: perplexity per word (the same total likelihood "
+                 "divided by the reference's words), and scores on detokenised text (BLEU and chrF by "
+                 "sacrebleu, ROUGE). Per-token perplexity remains valid between cells that share the base "
+                 "model's tokenizer. A data-size cell trains its tokenizer on its own subset, so it too is "
+                 "compared per word and on detokenised text.")
+    return {"text": text, "figures": curves, "tables": screening}
+
+
 def render(study) -> str:
     """The report's LaTeX source."""
     import jinja2
@@ -309,6 +339,7 @@ def render(study) -> str:
         "hardware": _hardware(results),
         "packages": _packages(provs),
         "dvc_text": dvc_text, "dvc_stages": dvc_stages,
+        "data_ablations": _data_ablations(study, figs, tabs, fig_caption),
     }
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), autoescape=False, undefined=jinja2.StrictUndefined,

@@ -5,6 +5,9 @@
   ablation_<task>      the task's metrics per cell, mean +- std over seeds (bars), baseline
                        dashed, + marks p < 0.05 against the baseline (pooled paired test),
                        cells that leak the future hatched and labelled
+  learning_curve_<task>
+                       headline metric against training rows, for tasks with data-size cells
+                       (cells overriding only filter.sample_fraction / sample_size)
   size                 headline metric against parameter count, one panel per task
   cost                 training wall time and throughput per cell, one row per task
   attention_<task>_<layer>
@@ -23,9 +26,9 @@ import numpy as np
 import pandas as pd
 
 from ..common import StageError, atomic_dir
-from ..stages import output_path
-from . import (ALPHA, display_name, higher_is_better, primary_metric, read_csv, report_paths, run_paths,
-               safe_name)
+from ..stages import data_paths
+from . import (ALPHA, display_name, higher_is_better, mask_token_level, primary_metric, read_csv, report_paths,
+               run_paths, safe_name)
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -167,7 +170,8 @@ def _pooled_sig(sig: pd.DataFrame, task: str) -> dict[tuple[str, str], float]:
 
 def ablation_figure(study, task, summary: pd.DataFrame, sig: pd.DataFrame, colors, outdir: Path) -> dict:
     plt = _plt()
-    rows = summary[summary["task"] == task.name].set_index("cell").reindex(list(task.cells))
+    rows = mask_token_level(study, task, summary[summary["task"] == task.name].set_index("cell")
+                            .reindex(list(task.cells)))
     panels = _panels(task.kind, rows)
     pvals = _pooled_sig(sig, task.name)
     n = len(rows)
@@ -223,6 +227,56 @@ def ablation_figure(study, task, summary: pd.DataFrame, sig: pd.DataFrame, color
             "caption": f"Ablations on {task.name}: mean and standard deviation over seeds; dotted line: the "
                        f"baseline cell ({task.baseline_cell}); \u2020: significantly "
                        f"different from the baseline (paired bootstrap, p < {ALPHA}); hatched: leaks the future."}
+
+
+# --- data size: learning curves ------------------------------------------------------------------
+
+SAMPLE_KEYS = {"sample_fraction", "sample_size"}
+
+
+def data_size_cells(study, task) -> list[str]:
+    """The baseline and the cells that differ from it only in how much training data they see
+    (a `filter` override of sample_fraction / sample_size and nothing else)."""
+    out = [task.baseline_cell]
+    for c in task.cells:
+        d = study.cells[c]
+        if c != task.baseline_cell and set(d) - {"family", "label"} == {"filter"} and set(d["filter"]) <= SAMPLE_KEYS:
+            out.append(c)
+    return out
+
+
+def learning_curve_figure(study, task, summary: pd.DataFrame, outdir: Path) -> dict | None:
+    """Headline metric against the number of training rows (nested subsets), mean +- std."""
+    from . import read_json
+
+    cells = data_size_cells(study, task)
+    if len(cells) < 2:
+        return None
+    plt = _plt()
+    rows = summary[summary["task"] == task.name].set_index("cell").reindex(cells)
+    metric = primary_metric(task.kind, [c[:-5] for c in rows.columns if c.endswith("_mean") and rows[c].notna().any()])
+    n_train = [read_json(Path(data_paths(study, task.name, c)[0]) / "stats.json")["rows"]["train"] for c in cells]
+    order = np.argsort(n_train, kind="stable")
+    x = np.asarray(n_train, float)[order]
+    mean = rows[f"{metric}_mean"].to_numpy(float)[order]
+    std = np.nan_to_num(rows[f"{metric}_std"].to_numpy(float))[order] if f"{metric}_std" in rows else 0 * mean
+    fig, ax = plt.subplots(figsize=(WIDTH * 0.6, 2.4))
+    ax.errorbar(x, mean, yerr=std, marker="o", color=BASE_COLOR, capsize=3, linewidth=1.2)
+    for xi, yi, c in zip(x, mean, np.asarray(cells)[order]):
+        ax.annotate(str(rows.loc[c, "label"]) if c != task.baseline_cell else "baseline (all)", (xi, yi),
+                    textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("training rows (nested random subsets)")
+    arrow = "\u2191" if higher_is_better(metric) else "\u2193"
+    ax.set_ylabel(f"{display_name(metric)} ({arrow} better)")
+    ax.set_title(f"{task.name}: learning curve ({len(study.seeds)} seed(s))")
+    name = f"learning_curve_{safe_name(task.name)}"
+    _save(fig, outdir, name)
+    return {"name": name, "kind": "learning_curve", "task": task.name,
+            "caption": f"Data size on {task.name}: {display_name(metric)} (mean and standard deviation over seeds) "
+                       f"against the number of training rows. Smaller samples are subsets of larger ones "
+                       f"(one fixed random order of the rows, independent of the training seed); validation "
+                       f"and test sets are the same for every point."}
 
 
 # --- metric vs model size ------------------------------------------------------------------------
@@ -395,7 +449,7 @@ def attention_figures(study, outdir: Path, model_loader=load_model, inputs=sampl
     task = attention_task(study)
     cell, seed = task.cells[0], study.seeds[0]
     ckpt = run_paths(study, task.name, cell, seed)["ckpt"]
-    bpe_dir = Path(output_path("bpe", "bpe", study=study.name, task=task.name))
+    bpe_dir = Path(data_paths(study, task.name, cell)[1])
     model, meta = model_loader(ckpt)
     arch = getattr(getattr(model, "cfg", None), "arch", None) or meta["config"]["model"]["arch"]
     src, tgt, src_p, tgt_p = inputs(task, bpe_dir, arch)
@@ -469,6 +523,10 @@ def run(study, model_loader=load_model, inputs=sample_inputs) -> None:
             index.append(loss_figure(study, task, colors, tmp))
         for task in study.tasks.values():
             index.append(ablation_figure(study, task, summary, sig, colors, tmp))
+        for task in study.tasks.values():
+            curve = learning_curve_figure(study, task, summary, tmp)
+            if curve is not None:
+                index.append(curve)
         index.append(size_figure(study, summary, colors, tmp))
         index.append(cost_figure(study, summary, colors, tmp))
         index += attention_figures(study, tmp, model_loader, inputs)

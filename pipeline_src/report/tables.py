@@ -27,10 +27,10 @@ from pathlib import Path
 import pandas as pd
 
 from ..common import StageError, atomic_dir
-from ..stages import output_path
-from . import (TABLE_METRICS, display_name, fmt_count, fmt_int, fmt_num, higher_is_better, is_missing,
-               latex_escape as esc, latex_tt, metric_digits, primary_metric, read_csv, read_json, report_paths,
-               safe_name)
+from ..stages import data_paths
+from . import (ALPHA, TABLE_METRICS, display_name, fmt_count, fmt_int, fmt_num, higher_is_better, is_missing,
+               latex_escape as esc, latex_tt, mask_token_level, metric_digits, other_tokenizer, primary_metric,
+               read_csv, read_json, report_paths, safe_name)
 
 FITWIDTH = (r"\providecommand{\fitwidth}[1]{\setbox0=\hbox{#1}\ifdim\wd0>\linewidth"
             r"\resizebox{\linewidth}{!}{\box0}\else\box0\fi}")
@@ -124,7 +124,7 @@ class Inputs:
 
     def rows(self, task) -> pd.DataFrame:
         frame = self.summary[self.summary["task"] == task.name].set_index("cell")
-        return frame.reindex(list(task.cells))
+        return mask_token_level(self.study, task, frame.reindex(list(task.cells)))
 
     def metrics(self, task) -> list[str]:
         rows = self.rows(task)
@@ -157,8 +157,9 @@ def _best(rows: pd.DataFrame, metric: str):
 
 
 def _stats(study, stage: str, task: str) -> dict:
-    name = {"filter": "filtered", "bpe": "bpe"}[stage]
-    return read_json(Path(output_path(stage, name, study=study.name, task=task)) / "stats.json")
+    # The task's data as its baseline cell sees it (cells may train on other data variants).
+    filtered, bpe = data_paths(study, task)
+    return read_json(Path(filtered if stage == "filter" else bpe) / "stats.json")
 
 
 def _source(ds) -> str:
@@ -244,10 +245,15 @@ LM_ONLY = {"lm_seq_len"}
 SEQ2SEQ_ONLY = {"max_src_len", "max_tgt_len", "beam_size", "length_penalty", "max_len_a", "max_len_b", "max_examples"}
 
 
-def _value(cfg, key):
+def _data_configs(study, cfg) -> tuple:
+    """The filter and bpe settings a resolved cell trains on (its data variant)."""
+    return study.filter_config(cfg.task, cfg.fv), study.bpe_config(cfg.task, cfg.fv, cfg.tv)
+
+
+def _value(cfg, key, study=None):
     if key in cfg.model:
         return cfg.model[key]
-    for part in (cfg.train, cfg.eval):
+    for part in (cfg.train, cfg.eval) + (_data_configs(study, cfg) if study is not None else ()):
         if hasattr(part, key):
             return getattr(part, key)
     return None
@@ -299,7 +305,7 @@ def hyperparameters_table(study) -> str:
 
 def _overrides(cell_def: dict) -> list[str]:
     out = []
-    for section in ("model", "train", "eval"):
+    for section in ("model", "train", "eval", "filter", "bpe"):
         for k, v in (cell_def.get(section) or {}).items():
             out.append(f"{k} = {v}")
     return out
@@ -387,7 +393,8 @@ def _changed_keys(study, task, cells) -> list[str]:
         for k, v in cfg.model.items():
             if base.model.get(k) != v and k not in keys:
                 keys.append(k)
-        for part, bpart in ((cfg.train, base.train), (cfg.eval, base.eval)):
+        for part, bpart in ((cfg.train, base.train), (cfg.eval, base.eval),
+                            *zip(_data_configs(study, cfg), _data_configs(study, base))):
             for k in part.__dataclass_fields__:
                 if getattr(part, k) != getattr(bpart, k) and k not in keys:
                     keys.append(k)
@@ -426,13 +433,18 @@ def family_table(inp: Inputs, family: str) -> str:
     ncols = 1 + len(keys) + 5
     head = ["", *[HP_SHORT.get(k, esc(k)) for k in keys], "Params", "Score", r"$\Delta$", "Test PPL", r"$\Delta$"]
     body = [" & ".join(head) + r" \\"]
+    ppl_heads: list[str] = []
     any_leak = any_sig = False
     for task, cells in groups:
         rows = inp.rows(task)
         score = inp.headline(task)
         shown = [task.baseline_cell] + cells
         sub = rows.loc[shown]
-        best_s, best_p = _best(sub, score), _best(sub, "test_ppl")
+        # Cells on another tokenizer have no comparable per-token PPL: show the per-word one.
+        ppl = "test_ppl_word" if any(other_tokenizer(study, task.name, c) for c in cells) \
+            and "test_ppl_word_mean" in sub and sub["test_ppl_word_mean"].notna().any() else "test_ppl"
+        ppl_heads.append(ppl)
+        best_s, best_p = _best(sub, score), _best(sub, ppl)
         body += [r"\midrule", rf"\multicolumn{{{ncols}}}{{l}}{{\textit{{{esc(task.name)}}} ({esc(task.kind)}); "
                               rf"score: {esc(display_name(score))} {_arrow(score)}}} \\"]
         base_cfg = study.cell(task.name, task.baseline_cell)
@@ -446,10 +458,13 @@ def family_table(inp: Inputs, family: str) -> str:
             label = ("base" if is_base else esc(cfg.label)) + (LEAK_MARK if leaks else "")
             hp = []
             for k in keys:
-                v, bv = _value(cfg, k), _value(base_cfg, k)
+                v, bv = _value(cfg, k, study), _value(base_cfg, k, study)
                 hp.append(_fmt_value(v) if (is_base or v != bv) else "")
             cols = [label, *hp, fmt_count(r.get("n_params_mean"))]
-            for m, best in ((score, best_s), ("test_ppl", best_p)):
+            for k, (m, best) in enumerate(((score, best_s), (ppl, best_p))):
+                if k == 1 and ppl == score:  # the headline already is the per-word PPL
+                    cols += ["--", ""]
+                    continue
                 d = metric_digits(m, r.get(f"{m}_mean"))
                 cols.append(_mean_std(r.get(f"{m}_mean"), r.get(f"{m}_std"), d, bold=(best == c and not leaks)))
                 if is_base:
@@ -463,11 +478,50 @@ def family_table(inp: Inputs, family: str) -> str:
             body.append(" & ".join(cols) + r" \\")
     notes = [r"Blank: as in the base model. Mean {\scriptsize$\pm$ std} over seeds; $\Delta$ = cell $-$ base"
              + (r"; \dag\ $p<0.05$, \ddag\ $p<0.01$ (paired bootstrap)" if any_sig else "") + "."]
+    if "test_ppl_word" in ppl_heads:
+        notes.append("Test PPL is per word for tasks whose cells use another tokenizer model than the base "
+                     "(per-token perplexities of different tokenizers are not comparable).")
     if any_leak:
         notes.append(LEAK_NOTE)
     title = family.replace("_", " ")
     return _table(body, "l" + "c" * len(keys) + "rrrrr", f"Ablation family \\emph{{{esc(title)}}}.",
                   f"tab:ablation-{_label_id(family)}", notes)
+
+
+def screening_table(study, screen_name: str) -> str:
+    """Two-stage screening: stage one's ranking and promotion, stage two's test of each promoted
+    family on the full data, and whether the stage-one conclusion held."""
+    from ..screening import held
+
+    screen = study.screens[screen_name]
+    rows = held(study, screen_name, ALPHA)
+    metric = rows[0]["metric"] if rows else "?"
+    d = metric_digits(metric, rows[0]["base"] if rows else None)
+    s1, s2 = screen.stage_tasks
+    body = [r"Rank & Family (cell) & $\Delta_1$ & $p_1$ & Promoted & $\Delta_2$ & $p_2$ & Held \\", r"\midrule"]
+    for r in rows:
+        cells = [str(r["rank"]), f"{esc(r['family'].replace('_', ' '))} ({esc(study.cell(s1, r['cell']).label)})",
+                 _delta(r["delta"], d), fmt_num(r["p_value"], 3), "yes" if r["promoted"] else "no",
+                 _delta(r["delta2"], d) if r["promoted"] else "not run",
+                 fmt_num(r["p_value2"], 3) if r["promoted"] else "--",
+                 "--" if r["held"] is None else "yes" if r["held"] else r"\textbf{no}"]
+        body.append(" & ".join(cells) + r" \\")
+    rule = " and ".join(x for x in (f"p_1 < {screen.max_p:g}" if screen.max_p is not None else "",
+                                    f"at most {screen.top_k} famil{'y' if screen.top_k == 1 else 'ies'}"
+                                    if screen.top_k is not None else "") if x)
+    f1 = study.filter_config(s1, study.data_variant(s1, screen.cells[0])[0])
+    steps1, steps2 = (study.cell(t, screen.cells[0]).train.max_steps for t in (s1, s2))
+    notes = [f"Stage one: every cell on a subset of {esc(screen.task)} (task {esc(s1)}: sample fraction "
+             f"{f1.sample_fraction:g}{', at most ' + fmt_int(f1.sample_size) + ' rows' if f1.sample_size else ''}"
+             f"{f', {fmt_int(steps1)} training steps instead of {fmt_int(steps2)}' if steps1 != steps2 else ''}); "
+             f"stage two: the full data (task {esc(s2)}). $\\Delta$ = cell $-$ baseline in "
+             f"{esc(display_name(metric))} {_arrow(metric)}, $p$ from the two-sided paired bootstrap, seeds pooled. "
+             f"A family's effect is that of its cell with the smallest $p_1$. Promotion rule (recorded in "
+             f"promotion.json before stage two ran): families ranked by $p_1$, then $|\\Delta_1|$; promoted: "
+             f"{esc(rule) if rule else 'all'}. Held: stage two reaches the same verdict at $p<{ALPHA}$ "
+             f"(significant or not), in the same direction. Families not promoted were not trained on the full data."]
+    return _table(body, "rlrrcrrc", f"Two-stage screening \\emph{{{esc(screen_name)}}}: did the stage-one "
+                  f"conclusions hold on the full data?", f"tab:screening-{_label_id(screen_name)}", notes)
 
 
 def time_unit(seconds) -> tuple[str, float]:
@@ -524,6 +578,8 @@ def run(study) -> None:
     for fam in families(study):
         files.append((f"ablation_{safe_name(fam)}", family_table(inp, fam), {"kind": "ablation", "family": fam}))
     files.append(("cost", cost_table(inp), {"kind": "cost"}))
+    for name in study.screens:
+        files.append((f"screening_{safe_name(name)}", screening_table(study, name), {"kind": "screening", "screen": name}))
     with atomic_dir(paths["tables"]) as tmp:
         for name, text, _ in files:
             (tmp / f"{name}.tex").write_text(text, encoding="utf-8")

@@ -40,6 +40,9 @@ wildcard_constraints:
     cell="[a-z0-9_-]+",
     dataset="[a-z0-9_-]+",
     seed=r"\d+",
+    fv="[a-z0-9_-]+",
+    tv="[a-z0-9_-]+",
+    screen="[a-z0-9_-]+",
 
 
 def stage_outputs(stage, shown=None):

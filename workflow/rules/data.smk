@@ -25,9 +25,9 @@ rule filter:
         cmd=stage_command("filter"),
         params_hash=stage_params_hash("filter"),
     log:
-        stage_log("filter", "{task}"),
+        stage_log("filter", "{task}-{fv}"),
     benchmark:
-        stage_benchmark("filter", "{task}")
+        stage_benchmark("filter", "{task}-{fv}")
     conda:
         "../envs/pipeline.yaml"
     shell:
@@ -43,9 +43,9 @@ rule bpe:
         cmd=stage_command("bpe"),
         params_hash=stage_params_hash("bpe"),
     log:
-        stage_log("bpe", "{task}"),
+        stage_log("bpe", "{task}-{fv}-{tv}"),
     benchmark:
-        stage_benchmark("bpe", "{task}")
+        stage_benchmark("bpe", "{task}-{fv}-{tv}")
     conda:
         "../envs/pipeline.yaml"
     shell:

@@ -89,3 +89,22 @@ rule report:
         "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"
+
+
+# Two-stage screening: ranks stage one's families, records which stage two trains (screening.py).
+rule promote:
+    input:
+        stage_inputs("promote"),
+    output:
+        **stage_outputs("promote"),
+    params:
+        cmd=stage_command("promote"),
+        params_hash=stage_params_hash("promote"),
+    log:
+        stage_log("promote", "{screen}"),
+    benchmark:
+        stage_benchmark("promote", "{screen}")
+    conda:
+        "../envs/pipeline.yaml"
+    shell:
+        "{params.cmd} 2> {log}"
