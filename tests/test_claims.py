@@ -245,3 +245,28 @@ def test_shipped_studies_declare_claims_and_references():
               "workflow/studies/gpu/params.yaml"):
         study = load_study(ROOT / p)
         assert study.claims and study.references, p
+
+
+def test_gpu_study_runner_refuses_cleanly_without_a_gpu(tmp_path):
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the runner would start the real study")
+    marker = ROOT / "data" / "gpu" / ".runner_test_marker"
+    made = not marker.parent.exists()
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("must survive")
+    try:
+        env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
+        proc = subprocess.run(["bash", "workflow/studies/gpu/run.sh"], cwd=ROOT, capture_output=True, text=True,
+                              env=env, timeout=120)
+        assert proc.returncode != 0
+        assert "sees no CUDA device" in proc.stderr
+        assert marker.exists()  # checked before anything is deleted
+    finally:
+        marker.unlink(missing_ok=True)
+        if made:
+            marker.parent.rmdir()
