@@ -20,6 +20,8 @@ RESUME=0
 [[ "${1:-}" == "--resume" ]] && RESUME=1
 [[ -d .venv/bin ]] && export PATH="$PWD/.venv/bin:$PATH"
 export PIPELINE_QUIET=1 PYTHONUNBUFFERED=1
+# K training processes share 16 cores: keep each one's CPU thread pools small (their work is on the GPU).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} MKL_NUM_THREADS=${MKL_NUM_THREADS:-2}
 
 python - <<'PY'
 import sys, torch
