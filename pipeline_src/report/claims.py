@@ -286,7 +286,7 @@ def evaluate_claims(study, results: pd.DataFrame, sig: pd.DataFrame) -> pd.DataF
     return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
 
 
-def compare_references(study, results: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+def compare_references(study, results: pd.DataFrame) -> pd.DataFrame:
     paths = report_paths(study)
     rows = []
     for ref in study.references:
@@ -326,10 +326,9 @@ def _paths(study):
 
 def run(study) -> None:
     paths = report_paths(study)
-    results, summary = read_csv(paths["results"]), read_csv(paths["summary"])
-    sig = read_csv(paths["significance"])
+    results, sig = read_csv(paths["results"]), read_csv(paths["significance"])
     claims = evaluate_claims(study, results, sig)
-    refs = compare_references(study, results, summary)
+    refs = compare_references(study, results)
     claims_path, refs_path = _paths(study)
     # Both computed before either is written: a failure leaves the old outputs intact.
     atomic_write_text(claims_path, _csv(claims))
