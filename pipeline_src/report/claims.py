@@ -46,6 +46,10 @@ REFERENCE_COLUMNS = ["task", "cell", "cell_label", "versus", "versus_label", "me
                      "n_seeds", "published", "difference", "same_sign", "approximate", "matches_setting", "setting",
                      "citation", "note"]
 VERDICTS = ("supported", "contradicted", "inconclusive")
+# Display names of the per-run metrics a claim may use (the evaluation metrics have theirs in METRICS).
+RUN_METRIC_NAMES = {"wall_s": "Training time (s)", "tokens_per_s": "Tokens/s", "best_val_loss": "Best val loss",
+                    "final_val_loss": "Final val loss", "final_train_loss": "Final train loss", "val_ppl": "Val PPL",
+                    "steps": "Steps", "mfu": "MFU", "peak_mem_mb": "Peak memory (MB)"}
 
 
 # --- statistics ----------------------------------------------------------------------------------
@@ -383,7 +387,7 @@ def claims_latex(frame: pd.DataFrame) -> str:
                 expect = r"$\approx$ ($\pm$" + fmt_num(r["margin"], d) + ")"
             lines.append(
                 f"{esc(r['task'])}: {esc(r['cell_label'])} vs {esc(r['versus_label'])} & "
-                f"{esc(display_name(r['metric']))} & {expect} & "
+                f"{esc(RUN_METRIC_NAMES.get(r['metric']) or display_name(r['metric']))} & {expect} & "
                 f"{fmt_num(r['versus_value'], d)}$\\to${fmt_num(r['cell_value'], d)} & "
                 f"{_signed(r['delta'], d)} [{_signed(r['ci_lo'], d)}, {_signed(r['ci_hi'], d)}] & "
                 f"{_p(r['p_value'])} & {esc(r['seeds_agree'])} & {_VERDICT_TEX.get(r['verdict'], esc(r['verdict']))} \\\\")
