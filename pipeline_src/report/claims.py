@@ -453,6 +453,8 @@ def _true(x) -> bool:
 
 def report_context(study) -> dict:
     """Template variables of the report's claims and references sections ('' when none declared)."""
+    if not study.claims and not study.references:  # nothing declared: no section (the stage wrote empty tables)
+        return {"claims_table": "", "claims_summary": "", "references_table": ""}
     claims_path, refs_path = _paths(study)
     claims, refs = read_csv(claims_path), read_csv(refs_path)
     for col in ("versus", "versus_label", "note"):
