@@ -40,7 +40,8 @@ if [[ $RESUME == 0 ]]; then
   rm -rf data/gpu reports/gpu logs/gpu
 fi
 mkdir -p "$OUT" logs/gpu
-CMD="snakemake --cores $CORES --resources gpu=$K --config params=$PARAMS"
+export PIPELINE_JOBS_PER_GPU=$K  # K slots on the one GPU (pipeline_src/gpu_slots.py)
+CMD="PIPELINE_JOBS_PER_GPU=$K snakemake --cores $CORES --resources gpu=$K --config params=$PARAMS"
 
 # GPU utilisation every 2 s while the study runs (busy GPU-seconds = sum of utilisation x 2 s).
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 \
@@ -49,7 +50,7 @@ SMI=$!
 trap 'kill $SMI 2>/dev/null || true' EXIT
 start_utc=$(date -u +%FT%TZ); t0=$(date +%s.%N)
 echo "+ $CMD"
-$CMD
+snakemake --cores "$CORES" --resources gpu="$K" --config params="$PARAMS"
 t1=$(date +%s.%N); end_utc=$(date -u +%FT%TZ)
 kill $SMI 2>/dev/null || true
 
