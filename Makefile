@@ -9,6 +9,7 @@ export PATH := $(BIN):$(PATH)
 CORES ?= 2
 DEMO := workflow/studies/demo/params.yaml
 MIRROR := workflow/studies/mirror/params.yaml
+GPU_STUDY := workflow/studies/gpu/params.yaml
 
 .PHONY: install system-deps demo mirror full slurm cluster-test test bench dvc-yaml lint clean
 
@@ -66,6 +67,7 @@ dvc-yaml: install
 	python -m pipeline_src dvc-yaml --params params.yaml
 	python -m pipeline_src dvc-yaml --params $(DEMO)
 	python -m pipeline_src dvc-yaml --params $(MIRROR)
+	python -m pipeline_src dvc-yaml --params $(GPU_STUDY)
 
 lint: install
 	snakemake --lint

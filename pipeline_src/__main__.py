@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     stage("aggregate", "collect every run into results/summary/significance tables")
     stage("figures", "draw the report's figures")
     stage("tables", "write the report's LaTeX tables")
+    stage("claims", "test the study's claims and set its results beside published references")
     stage("report", "build report.tex and compile report.pdf")
     sp = stage("dvc-yaml", "write the dvc.yaml for a study from the stage table")
     sp.add_argument("--check", action="store_true", help="exit 1 if the file on disk is out of date")
@@ -106,6 +107,9 @@ def _run(args, study) -> int | None:
         return run(study)
     if stage == "tables":
         from .report.tables import run
+        return run(study)
+    if stage == "claims":
+        from .report.claims import run
         return run(study)
     if stage == "report":
         from .report.build import run

@@ -199,6 +199,8 @@ class Study:
     tasks: dict[str, TaskConfig]  # enabled tasks only, in file order
     cells: dict[str, dict]
     report: dict
+    claims: tuple = ()      # claims_config.Claim, from the `claims:` section
+    references: tuple = ()  # claims_config.Reference, from the `references:` section
     screens: dict[str, ScreenConfig] = field(default_factory=dict)
     screen_tasks: dict[str, TaskConfig] = field(default_factory=dict)  # the screening stages' tasks
 
@@ -472,6 +474,9 @@ def load_study(path: str | Path) -> Study:
         for c in task.cells:  # resolve every cell now, so a bad combination fails before any stage runs
             study.cell(name, c)
     check_consistency(study)
+    from .claims_config import parse_claims, parse_references
+    study = dataclasses.replace(study, claims=parse_claims(raw, tasks, where),
+                                references=parse_references(raw, tasks, where))
     return study
 
 

@@ -29,7 +29,8 @@ CODE_PATTERNS = {
     "aggregate": ["pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
     "figures": ["pipeline_src/report/figures.py"],
     "tables": ["pipeline_src/report/tables.py"],
-    "report": ["pipeline_src/report/build.py", "pipeline_src/report/templates/*"],
+    "claims": ["pipeline_src/report/claims.py", "pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
+    "report": ["pipeline_src/report/build.py", "pipeline_src/report/claims.py", "pipeline_src/report/templates/*"],
 }
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,6 +78,7 @@ OUTPUTS: dict[str, dict[str, str]] = {
     },
     "figures": {"figures": "reports/{study}/figures"},
     "tables": {"tables": "reports/{study}/tables"},
+    "claims": {"claims": "reports/{study}/claims.csv", "references": "reports/{study}/references.csv"},
     "report": {"pdf": "reports/{study}/report.pdf", "tex": "reports/{study}/report.tex"},
 }
 DIRECTORIES = {"raw", "filtered", "bpe", "ckpt", "outputs", "figures", "tables", "headline", "plots"}
@@ -243,10 +245,13 @@ def build_jobs(study: Study) -> list[Job]:
     base_data = [p for t in study.tasks for p in data_paths(study, t)]
     tabs = _job(study, "tables", s, wc, list(agg.outs.values()) + base_data + screening,
                 _existing(study, "tasks", "cells", "datasets", "screening"), {})
+    # Claims and references: evidence from the aggregate tables and the per-example test outputs.
+    claims = _job(study, "claims", s, wc, list(agg.outs.values()) + eval_files,
+                  _existing(study, "claims", "references", *[f"tasks.{t}.baseline_cell" for t in study.tasks]), {})
     report = _job(study, "report", s, wc, [figs.out("figures"), tabs.out("tables")] + list(agg.outs.values())
-                  + [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")],
+                  + list(claims.outs.values()) + [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")],
                   _existing(study, "report", "study"), {})
-    jobs += [agg, figs, tabs, report]
+    jobs += [agg, figs, tabs, claims, report]
     return jobs
 
 

@@ -16,7 +16,8 @@ from pipeline_src.config import load_study
 from pipeline_src.dvc_yaml import dvc_yaml_path, render
 
 ROOT = Path(__file__).resolve().parent.parent
-STUDIES = ["params.yaml", "workflow/studies/demo/params.yaml", "workflow/studies/mirror/params.yaml"]
+STUDIES = ["params.yaml", "workflow/studies/demo/params.yaml", "workflow/studies/mirror/params.yaml",
+           "workflow/studies/gpu/params.yaml"]
 BIN = Path(sys.executable).parent
 
 

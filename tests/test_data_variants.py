@@ -69,7 +69,7 @@ def test_equal_data_settings_share_one_variant_and_forks_start_where_a_cell_chan
     assert study.filter_config("reorder", "sample_fraction-0p5").sample_fraction == 0.5
     # The generated dvc.yaml keeps one foreach stage per stage despite the forks.
     stages = yaml.safe_load(render(study))["stages"]
-    assert set(stages) == {"download", "filter", "bpe", "train", "evaluate", "aggregate", "figures", "tables", "report"}
+    assert set(stages) == {"download", "filter", "bpe", "train", "evaluate", "aggregate", "figures", "tables", "claims", "report"}
     assert len(stages["bpe"]["foreach"]) == 4
 
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml"
 BIN = Path(sys.executable).parent
 PARAMS = "workflow/studies/tiny/params.yaml"
-REPORT_STEPS = {"aggregate", "figures", "tables", "report"}
+REPORT_STEPS = {"aggregate", "figures", "tables", "claims", "report"}
 
 pytestmark = pytest.mark.slow
 

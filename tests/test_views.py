@@ -119,7 +119,7 @@ def test_dvc_exp_run_set_param_reruns_the_cell_and_shows_it(repo):
                 "-S", f"{PARAMS}:++cells.pe_none.model.dropout=0.2"], repo)
     ran = set(re.findall(r"Running stage '[^:]+:([^']+)'", out))
     assert ran == {f"{s}@reorder-pe_none-s{k}" for s in ("train", "evaluate") for k in (0, 1)} | {
-        "aggregate", "figures", "tables", "report"}, ran
+        "aggregate", "figures", "tables", "claims", "report"}, ran
     # The README's command: headline metrics and params that differ, without file hashes.
     shown = _run([BIN / "dvc", "exp", "show", "--csv", "--only-changed", "--drop", EXP_DROP], repo)
     rows = list(csv.DictReader(io.StringIO(shown)))

@@ -233,7 +233,7 @@ def _commands(study) -> list[dict]:
     dvc = "dvc repro" + ("" if dvc_yaml_path(study).as_posix() == "dvc.yaml" else f" {dvc_yaml_path(study).as_posix()}")
     cmds = [{"what": "Snakemake", "cmd": latex_tt(smk)}, {"what": "DVC", "cmd": latex_tt(dvc)}]
     for job in build_jobs(study):
-        if job.stage in ("aggregate", "figures", "tables", "report"):
+        if job.stage in ("aggregate", "figures", "tables", "claims", "report"):
             cmds.append({"what": f"only the {job.stage} stage", "cmd": latex_tt(job.cmd)})
     return cmds
 
@@ -341,6 +341,8 @@ def render(study) -> str:
         "dvc_text": dvc_text, "dvc_stages": dvc_stages,
         "data_ablations": _data_ablations(study, figs, tabs, fig_caption),
     }
+    from .claims import report_context  # the claims stage's tables (published references, claims)
+    ctx.update(report_context(study))
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), autoescape=False, undefined=jinja2.StrictUndefined,
         block_start_string="((*", block_end_string="*))", variable_start_string="(((", variable_end_string=")))",

@@ -70,6 +70,24 @@ rule tables:
         "{params.cmd} 2> {log}"
 
 
+rule claims:
+    input:
+        stage_inputs("claims"),
+    output:
+        **stage_outputs("claims"),
+    params:
+        cmd=stage_command("claims"),
+        params_hash=stage_params_hash("claims"),
+    log:
+        stage_log("claims", "claims"),
+    benchmark:
+        stage_benchmark("claims", "claims")
+    conda:
+        "../envs/pipeline.yaml"
+    shell:
+        "{params.cmd} 2> {log}"
+
+
 rule report:
     input:
         stage_inputs("report"),
