@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except StageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head` and cut short: not an error of the stage
+        sys.stdout = None  # nothing more can be written; keeps the interpreter's exit flush quiet
+        return 0
     except Exception as e:  # noqa: BLE001 - anything unforeseen is still one line
         if os.environ.get("PIPELINE_TRACEBACK") == "1":
             raise
