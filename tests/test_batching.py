@@ -122,7 +122,11 @@ def test_multi30k_static_buckets_pad_at_most_ten_percent(tmp_path):
                        env=env, check=True, capture_output=True)
     t = task["train"]
     assert t["length_buckets"] > 0
-    data = batching.load_seq2seq(tmp_path / "data/padcheck/bpe/multi30k_en_de", "train", 256, 256)
+    from pipeline_src.config import load_study
+    from pipeline_src.stages import data_paths
+
+    bpe_dir = data_paths(load_study(tmp_path / "p.yaml"), "multi30k_en_de")[1]  # the baseline's tokenizer
+    data = batching.load_seq2seq(tmp_path / bpe_dir, "train", 256, 256)
     for arch in ("encoder_decoder", "decoder_only"):
         plans = batching.seq2seq_bucket_batches(data, t["batch_tokens"], arch, t["length_buckets"], seed=0)
         pad = np.sum([batching.pad_slots(batching.collate_seq2seq(data, idx, arch, length, rows)) for idx, length, rows
