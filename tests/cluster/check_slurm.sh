@@ -64,7 +64,7 @@ slurm_log=$(grep -A1 "message: Error in group cell" "$WORK/run1.log" | grep -oE 
 grep -q "CANCELLED" "$slurm_log" || fail "$slurm_log does not say the job was cancelled"
 echo "  job $cancelled reported failed; its SLURM log: $(grep CANCELLED "$slurm_log" | head -1)"
 n_sbatch=$(grep -c "has been submitted with SLURM jobid" "$WORK/run1.log")
-# data group + two cell groups; the report group never starts (it needs both cells).
+# data group + two cell groups; the report stages never start (they need both cells).
 [ "$n_sbatch" = 3 ] || fail "expected 3 sbatch submissions (data, cell x2), got $n_sbatch"
 if grep -q "^localrule" "$WORK/run1.log"; then fail "a job ran outside SLURM"; fi
 [ ! -e reports/$STUDY/report.pdf ] || fail "the report was built although a cell failed"
@@ -79,9 +79,9 @@ n_data=$(grep -cE "^\s*rule (download|filter|bpe):" "$WORK/run2.log" || true)
 [ "$n_train" = 1 ] && [ "$n_eval" = 1 ] && [ "$n_data" = 0 ] \
   || fail "the rerun should run one train + one evaluate and no data job: $rules"
 n_sbatch=$(grep -c "has been submitted with SLURM jobid" "$WORK/run2.log")
-[ "$n_sbatch" = 2 ] || fail "expected 2 sbatch submissions (cell, report), got $n_sbatch"
+[ "$n_sbatch" = 6 ] || fail "expected 6 sbatch submissions (cell; aggregate, figures, tables, claims, report), got $n_sbatch"
 test -s reports/$STUDY/report.pdf || fail "no report after the rerun"
-echo "  reran: 1 cell (train + evaluate) and the report group, in $n_sbatch sbatch jobs"
+echo "  reran: 1 cell (train + evaluate) and the 5 report stages, in $n_sbatch sbatch jobs"
 
 say "4. metrics from SLURM equal the local run's byte for byte"
 wait $local_run || { tail -30 "$WORK/local.log"; fail "local run"; }
