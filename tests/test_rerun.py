@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from project_copy import copy_project
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,12 +39,7 @@ def _edit_cell(repo: Path, **model):
 def repo(tmp_path_factory):
     """A git + DVC copy of the project with a tiny study, run once end to end by Snakemake."""
     repo = tmp_path_factory.mktemp("rerun") / "repo"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
-            (repo / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, repo / f)
+    copy_project(repo)
     (repo / PARAMS).parent.mkdir(parents=True, exist_ok=True)
     # The tiny study plus cells that reach the data (a data-size and a tokenizer cell) and a
     # two-stage screening, so the forks and the promotion run under both drivers.

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from project_copy import copy_project
 
 from pipeline_src.run_lock import claim_run
 
@@ -56,12 +57,7 @@ def _flock_held(path: Path) -> bool:
 @pytest.fixture()
 def repo(tmp_path):
     repo = tmp_path / "repo"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
-            (repo / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, repo / f)
+    copy_project(repo)
     (repo / PARAMS).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(TINY, repo / PARAMS)
     return repo

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from project_copy import copy_project
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,12 +40,7 @@ def repo(tmp_path_factory):
     """A git + DVC copy of the project with the tiny study (two seeds), run once by Snakemake,
     adopted by DVC and committed, so that experiments have a baseline commit."""
     repo = tmp_path_factory.mktemp("views") / "repo"
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
-            (repo / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / f, repo / f)
+    copy_project(repo)
     params = yaml.safe_load(TINY.read_text())
     params["seeds"] = [0, 1]
     (repo / PARAMS).parent.mkdir(parents=True, exist_ok=True)
