@@ -1,7 +1,7 @@
 """Train one task x cell x seed.
 
 GPU first (bf16 autocast, TF32, SDPA; optional torch.compile), CPU fallback with the same params.
-Resumable: the full training state (model, optimiser, scheduler, RNGs, data position, best
+Resumable: the full training state (model, optimiser, RNGs, data position, best
 metric, patience, log) is saved atomically to a scratch directory every `eval_every` steps, and a
 restarted run continues from it; a run killed at any moment ends with the same weights and
 metrics as one that was never interrupted (bit for bit on CPU).
@@ -30,10 +30,12 @@ from .common import (StageError, atomic_dir, cpu_name, atomic_write_json, atomic
 from .config import CellConfig, Study
 from .data.tokens import BOS, EOS, PAD, load_spm
 from .gpu_slots import claim_gpu
+from .optim import AdamW
 from .model import ModelConfig, Transformer, count_parameters, flops_per_token
 from .stages import SCRATCH, data_paths, output_path
 from .step_meter import StepMeter
 
+STATE_FORMAT = 2  # 2: pipeline_src.optim.AdamW's state, no scheduler state
 LOG_COLUMNS = ["step", "epoch", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mem_mb"]
 
 
@@ -219,6 +221,7 @@ def _load(path: Path):
 
 
 def run(study: Study, task: str, cell_name: str, seed: int) -> None:
+    screening.require_own_run(study, "train", task, cell_name)
     if not screening.promoted(study, task, cell_name):  # stage two of a screening, family not promoted
         return screening.write_not_promoted_train(study, task, cell_name, seed)
     cell = study.cell(task, cell_name)
@@ -237,12 +240,10 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     mcfg = model_config(cell, vocab_size)
     model = Transformer(mcfg).to(device)
     rank, world = distributed_setup(device)
-    # One fused kernel per step on CUDA; on CPU, foreach updates all tensors at once instead of
-    # a Python loop over them (the CPU default).
-    fused = device.type == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay,
-                                  fused=fused, foreach=not fused)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: learning_rate(s + 1, t) / t.lr)
+    # Our AdamW (pipeline_src/optim.py): torch's arithmetic without torch.optim's import of
+    # torch._dynamo. The schedule sets its lr before every step.
+    optimizer = AdamW(model.parameters(), lr=learning_rate(1, t), betas=t.betas, eps=t.eps,
+                      weight_decay=t.weight_decay)
     # Token-budget batches change shape every step, and each new shape costs a compilation until
     # torch marks the sizes dynamic: measured on an H100 host with the base model, 12 steps in a
     # 150 s budget (eager: 2165); dynamic=True from the start was worse (one 150 s compilation).
@@ -260,13 +261,14 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
              "log": [], "train_tokens": 0, "averaged": []}
     state_path = scratch / "state.pt"
     resumed_from = None
+    # (STATE_FORMAT: a state saved by an older version of this file is not resumed from)
     fingerprint = study.section_hash(*[k for k in (f"tasks.{task}.model", f"tasks.{task}.train", f"cells.{cell_name}")])
+    fingerprint = f"{fingerprint}/{STATE_FORMAT}"
     if state_path.exists():
         saved = _load(state_path)
         if saved.get("fingerprint") == fingerprint:
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
-            scheduler.load_state_dict(saved["scheduler"])
             _set_rng_state(saved["rng"])
             state = saved["state"]
             resumed_from = state["step"]
@@ -310,7 +312,8 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         if t.time_budget_s is not None and time.perf_counter() - started > t.time_budget_s:
             state["stop_reason"] = "time_budget"
             break
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
+        optimizer.lr = learning_rate(state["step"] + 1, t)
         micro = []
         for _ in range(t.grad_accum):
             state["epoch"], state["batch_in_epoch"], batch = next(stream)
@@ -328,7 +331,6 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
             loss_sum += loss.detach()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm or float("inf"))
         optimizer.step()
-        scheduler.step()
         state["step"] += 1
         state["train_tokens"] += step_tokens
         meter.end_step(state["step"], loss_sum, grad_norm, step_tokens)
@@ -340,7 +342,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         steps, tokens_per_s = read_steps()
         _, step_loss, grad_norm, step_tokens = steps[-1]
         row = {"step": step, "epoch": state["epoch"], "train_loss": step_loss / max(step_tokens, 1), "val_loss": "",
-               "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
+               "lr": optimizer.lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
                "mem_mb": _memory_mb(device)}
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
         if evaluate_now:
@@ -364,7 +366,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
                 state["stop_reason"] = "early_stopping"  # saved with the state: a resumed run stops too
             if rank == 0:
                 _save(state_path, {"fingerprint": fingerprint, "model": model.state_dict(),
-                                   "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                   "optimizer": optimizer.state_dict(),
                                    "rng": _rng_state(), "state": state})
             meter.restart_clock()
     read_steps()  # a budget may have stopped the run between reads
