@@ -17,7 +17,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
@@ -86,13 +85,27 @@ def _word_denominator(study: Study, task: str, split: str, lines: int, words_rea
     return int(counted["words"])
 
 
-def _references(study: Study, task: str, split: str, bpe_dir: Path, cell: str | None = None) -> pd.DataFrame:
-    filtered = Path(data_paths(study, task, cell)[0]) / f"{split}.parquet"
-    frame = pd.read_parquet(filtered)
+def _references(study: Study, task: str, split: str, bpe_dir: Path, cell: str | None = None) -> dict[str, list]:
+    """The filtered split's columns (rows the BPE stage's token-length cuts kept, in order).
+    Read with pyarrow, not pandas: importing pandas is a tenth of a small evaluation job."""
+    import pyarrow.parquet as pq
+
+    # (ParquetFile, not read_table: the dataset API behind read_table imports pandas)
+    columns = pq.ParquetFile(Path(data_paths(study, task, cell)[0]) / f"{split}.parquet").read().to_pydict()
     index_file = bpe_dir / f"{split}.index.npy"
-    if index_file.exists():  # rows the BPE stage's token-length cuts kept
-        frame = frame.iloc[np.load(index_file)].reset_index(drop=True)
-    return frame
+    if index_file.exists():
+        keep = np.load(index_file).tolist()
+        columns = {name: [values[i] for i in keep] for name, values in columns.items()}
+    return columns
+
+
+def _tsv(columns: list[str], rows: list[list]) -> str:
+    """Tab-separated table; floats with 6 decimals, NaN as an empty field (as pandas writes them)."""
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return "" if math.isnan(v) else f"{v:.6f}"
+        return str(v)
+    return "".join("\t".join(map(cell, row)) + "\n" for row in [columns] + rows)
 
 
 @torch.no_grad()
@@ -114,6 +127,7 @@ def decode_all(model, data: batching.Seq2SeqData, ev, device, precision: str, de
 
 
 def run(study: Study, task: str, cell_name: str, seed: int) -> None:
+    screening.require_own_run(study, "evaluate", task, cell_name)
     if screening.write_not_promoted_eval(study, task, cell_name, seed):  # its training was not promoted
         return
     cell = study.cell(task, cell_name)
@@ -169,12 +183,12 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
             # Per-word perplexity: the same summed NLL over the reference's words (+1 for the
             # end of sequence), so cells with different tokenizers compare; per-token cannot.
             ref_words = [len(str(x).split()) + 1
-                         for x in _references(study, task, split, bpe_dir, cell_name)["tgt"].iloc[: len(nll)]]
+                         for x in _references(study, task, split, bpe_dir, cell_name)["tgt"][: len(nll)]]
             result[f"{short}_ppl_word"] = metrics.perplexity(float(nll.sum()), int(sum(ref_words)))
             per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
                             for i, (a, b, w) in enumerate(zip(nll, count, ref_words))]
         test = batching.load_seq2seq(bpe_dir, "test", t.max_src_len, t.max_tgt_len, limit=limit)
-        refs_frame = _references(study, task, "test", bpe_dir, cell_name).iloc[: len(test)]
+        refs_frame = {k: v[: len(test)] for k, v in _references(study, task, "test", bpe_dir, cell_name).items()}
         hyp_ids = decode_all(model, test, ev, device, t.precision, desc=f"decode {task}/{cell_name}/s{seed}")
         hyps = [sp.decode(h) for h in hyp_ids]
         refs = [str(r) for r in refs_frame["tgt"]]
@@ -194,15 +208,14 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
                 "predictions.jsonl": "".join(json.dumps({"source": s, "reference": r, "hypothesis": h, "lead3": l},
                                                         ensure_ascii=False) + "\n"
                                              for s, r, h, l in zip(srcs, refs, hyps, lead)),
-                "scores.tsv": pd.DataFrame({**{k: [p[k] for p in per] for k in per[0]},
-                                            **{f"lead3_{k}": [p[k] for p in lead_per] for k in lead_per[0]}})
-                .to_csv(sep="\t", index=False, float_format="%.6f"),
+                "scores.tsv": _tsv(list(per[0]) + [f"lead3_{k}" for k in lead_per[0]],
+                                   [[p[k] for k in p] + [q[k] for k in q] for p, q in zip(per, lead_per)]),
             }
         samples = [{"source": s, "reference": r, "hypothesis": h} for s, r, h in zip(srcs, refs, hyps)][: ev.n_samples]
 
     with atomic_dir(out_dir) as tmp:
-        pd.DataFrame(per_example, columns=["split", "index", "nll", "tokens", "words"]).to_csv(
-            tmp / "per_example.tsv", sep="\t", index=False, float_format="%.6f")
+        columns = ["split", "index", "nll", "tokens", "words"]
+        (tmp / "per_example.tsv").write_text(_tsv(columns, [[p[c] for c in columns] for p in per_example]))
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
     # Numbers only in the metrics file; identity, metric signatures, samples and provenance go to
