@@ -150,7 +150,9 @@ class TaskConfig:
 class ScreenConfig:
     """Two-stage screening of one task (params `screening.<name>`). Stage one trains every cell
     on a subset (task `<name>-s1`); a `promote` job ranks the families on it; stage two (task
-    `<name>-s2`) trains on the full data the baseline and the cells of the promoted families only."""
+    `<name>-s2`) trains on the full data the baseline and the cells of the promoted families only.
+    Stage two is the screened task's own data and settings, so it shares that task's data jobs,
+    and a cell the task's own grid trains is that run, not a second copy (Study.run_task)."""
     name: str
     task: str
     cells: tuple[str, ...]
@@ -215,6 +217,31 @@ class Study:
     def cell(self, task: str, cell: str) -> CellConfig:
         return _resolve_cell(self, task, cell)
 
+    def run_task(self, task: str, cell: str) -> str:
+        """The task under which the run of `task`/`cell` lives: a stage-two cell that the screened
+        task's own grid also trains is that same run (same data, settings and seeds), so it is
+        trained once and read from there; every other run is its own task's."""
+        t = self.task(task)
+        return t.source if t.stage == 2 and cell in self.tasks[t.source].cells else task
+
+    def own_cells(self, task: str) -> tuple[str, ...]:
+        """The cells `task` trains itself (see run_task)."""
+        return tuple(c for c in self.task(task).cells if self.run_task(task, c) == task)
+
+    def data_task(self, task: str) -> str:
+        """The task whose filter/bpe jobs make `task`'s data: its own, except stage two of a
+        screening, which is the screened task's data."""
+        t = self.task(task)
+        return t.source if t.stage == 2 else task
+
+    def data_cells(self, task: str) -> tuple[str, ...]:
+        """The cells whose data variants `task`'s filter/bpe jobs make: its own cells and, for a
+        screened task, the stage-two cells it does not train itself."""
+        if self.data_task(task) != task:
+            return ()
+        extra = [c for t in self.screen_tasks.values() if t.stage == 2 and t.source == task for c in self.own_cells(t.name)]
+        return tuple(dict.fromkeys(self.task(task).cells + tuple(extra)))
+
     def data_variant(self, task: str, cell: str) -> tuple[str, str]:
         """(filter variant, tokenizer variant) of a cell: readable names derived from the cell's
         effective filter/bpe settings, so cells with equal settings share one filtered set and
@@ -222,7 +249,8 @@ class Study:
         return _data_variant(self, task, cell)[:2]
 
     def filter_config(self, task: str, fv: str) -> FilterConfig:
-        for cell in self.task(task).cells:
+        task = self.data_task(task)
+        for cell in self.data_cells(task):
             v = _data_variant(self, task, cell)
             if v[0] == fv:
                 return v[2]
@@ -232,7 +260,8 @@ class Study:
                           f"(known: {', '.join(self.data_variants(task)[0])})")
 
     def bpe_config(self, task: str, fv: str, tv: str) -> BpeConfig:
-        for cell in self.task(task).cells:
+        task = self.data_task(task)
+        for cell in self.data_cells(task):
             v = _data_variant(self, task, cell)
             if v[:2] == (fv, tv):
                 return v[3]
@@ -240,7 +269,7 @@ class Study:
 
     def data_variants(self, task: str) -> tuple[list[str], list[tuple[str, str]]]:
         """Filter variants and (filter, tokenizer) variants of a task, in order of first use."""
-        pairs = list(dict.fromkeys(self.data_variant(task, c) for c in self.task(task).cells))
+        pairs = list(dict.fromkeys(self.data_variant(task, c) for c in self.data_cells(task)))
         return list(dict.fromkeys(fv for fv, _ in pairs)), pairs
 
     def section_hash(self, *keys: str) -> str:

@@ -9,12 +9,14 @@ cell with the smallest p-value (ties: the larger |delta|); families are ordered 
 `top_k` of them (when given). The rule and every number go to
 data/<study>/screening/<name>/promotion.json.
 
-Stage two (task `<name>-s2`, the full data) must stay a static DAG for both drivers (DVC has no
-dynamic stages). So every stage-two job exists: each non-baseline cell's training job depends on
-promotion.json and, when its family was not promoted, writes an explicit "not promoted" record
-in place of a model (same declared outputs, nothing trained); its evaluation does the same. A
-change of promotion reruns exactly the stage-two jobs (under DVC only those whose record
-changes). The tables stage shows, per family, whether the stage-one conclusion held.
+Stage two (task `<name>-s2`) is the screened task's full data at its own settings: it reads that
+task's filtered set and tokenizer, and a cell the task's own grid already trains is read from
+those runs (config.Study.run_task) rather than trained twice. The DAG must stay static for both
+drivers (DVC has no dynamic stages), so every other stage-two job exists: each non-baseline
+cell's training job depends on promotion.json and, when its family was not promoted, writes an
+explicit "not promoted" record in place of a model (same declared outputs, nothing trained);
+its evaluation does the same. A change of promotion reruns exactly the gated stage-two jobs
+(under DVC only those whose record changes). The tables stage shows, per family, whether the stage-one conclusion held.
 """
 from __future__ import annotations
 
@@ -91,6 +93,14 @@ def run_promote(study, screen_name: str) -> None:
 
 
 # --- stage two: jobs of families that were not promoted -------------------------------------------
+
+
+def require_own_run(study, stage: str, task: str, cell: str) -> None:
+    """Refuse a stage-two job that does not exist: the screened task's own run of the cell is it."""
+    owner = study.run_task(task, cell)
+    if owner != task:
+        raise StageError(f"{stage} {task}/{cell}: stage two reads {owner}/{cell}'s runs (same data and settings), "
+                         f"so it has no job of its own; run `{stage} --task {owner} --cell {cell}`")
 
 
 def promoted(study, task: str, cell: str) -> bool:

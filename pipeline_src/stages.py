@@ -23,7 +23,7 @@ CODE_PATTERNS = {
     "download": ["pipeline_src/data/__init__.py", "pipeline_src/data/download.py", "pipeline_src/data/demo.py"],
     "filter": ["pipeline_src/data/__init__.py", "pipeline_src/data/filter.py"],
     "bpe": ["pipeline_src/data/__init__.py", "pipeline_src/data/tokens.py", "pipeline_src/bpe.py"],
-    "train": ["pipeline_src/train.py", "pipeline_src/screening.py", _MODEL],
+    "train": ["pipeline_src/train.py", "pipeline_src/optim.py", "pipeline_src/screening.py", _MODEL],
     "evaluate": ["pipeline_src/evaluate.py", "pipeline_src/metrics.py", _MODEL],
     "promote": ["pipeline_src/screening.py", "pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
     "aggregate": ["pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
@@ -104,8 +104,9 @@ def data_paths(study: Study, task: str, cell: str | None = None) -> tuple[str, s
     """(filtered dir, bpe dir) a cell trains and evaluates on; without a cell, the task's
     baseline cell's (the data the report describes as the task's)."""
     fv, tv = study.data_variant(task, cell or study.task(task).baseline_cell)
-    return (output_path("filter", "filtered", study=study.name, task=task, fv=fv),
-            output_path("bpe", "bpe", study=study.name, task=task, fv=fv, tv=tv))
+    owner = study.data_task(task)  # stage two of a screening reads the screened task's data
+    return (output_path("filter", "filtered", study=study.name, task=owner, fv=fv),
+            output_path("bpe", "bpe", study=study.name, task=owner, fv=fv, tv=tv))
 
 
 @dataclass(frozen=True)
@@ -193,9 +194,10 @@ def build_jobs(study: Study) -> list[Job]:
                              extra_hash=study.bpe_config(task.name, fv, tv), group=_group(task)))
     train_jobs, eval_jobs = [], []
     for task in study.all_tasks.values():
-        for cell in task.cells:
+        # (stage two of a screening: only the cells the screened task's grid does not train)
+        for cell in study.own_cells(task.name):
             fv, tv = study.data_variant(task.name, cell)
-            bpe = output_path("bpe", "bpe", study=s, task=task.name, fv=fv, tv=tv)
+            bpe = data_paths(study, task.name, cell)[1]
             for seed in study.seeds:
                 wc = {"task": task.name, "cell": cell, "seed": seed, "fv": fv, "tv": tv}
                 key = f"{task.name}-{cell}-s{seed}"
@@ -218,8 +220,6 @@ def build_jobs(study: Study) -> list[Job]:
         promote_jobs.append(_job(study, "promote", screen.name, {"screen": screen.name}, deps,
                                  _existing(study, f"screening.{screen.name}"), {"screen": screen.name}))
     main_tasks = set(study.tasks)
-    screen_train = [j for j in train_jobs if j.wildcards["task"] not in main_tasks]
-    screen_eval = [j for j in eval_jobs if j.wildcards["task"] not in main_tasks]
     jobs += train_jobs + eval_jobs + promote_jobs
     # The report's per-task parts cover the study's own tasks; screening stages feed only the
     # screening tables.
@@ -238,9 +238,12 @@ def build_jobs(study: Study) -> list[Job]:
     # (filtered sets: the learning-curve figure counts each data-size cell's training rows)
     figs = _job(study, "figures", s, wc, list(agg.outs.values()) + logs + filtered_all + [first.out("ckpt")]
                 + [output_path("bpe", "bpe", **first.wildcards)], _existing(study, "report"), {})
-    screening = [j.out("promotion") for j in promote_jobs] + [j.out(n) for j in screen_eval
-                                                               for n in ("outputs", "metrics")] \
-        + [j.out("metrics") for j in screen_train]
+    # (a stage-two cell the screened task trains itself is read from that task's runs)
+    screen_runs = [dict(study=s, task=study.run_task(t, c), cell=c, seed=seed)
+                   for t in study.screen_tasks for c in study.task(t).cells for seed in study.seeds]
+    screening = [j.out("promotion") for j in promote_jobs] + [
+        output_path(stage, name, **wc) for wc in screen_runs
+        for stage, name in (("evaluate", "outputs"), ("evaluate", "metrics"), ("train", "metrics"))]
     # (the data tables describe each task's data as its baseline cell sees it)
     base_data = [p for t in study.tasks for p in data_paths(study, t)]
     tabs = _job(study, "tables", s, wc, list(agg.outs.values()) + base_data + screening,

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from pipeline_src import bpe, screening
+from pipeline_src.common import StageError
 from pipeline_src.config import ConfigError, load_study
 from pipeline_src.data import filter as filt
 from pipeline_src.dvc_yaml import render
@@ -35,10 +36,13 @@ DATA_CELLS = {
 }
 
 
-def write_params(tmp_path: Path, cells=DATA_CELLS, screening_section=None, name="p.yaml") -> Path:
+def write_params(tmp_path: Path, cells=DATA_CELLS, screening_section=None, name="p.yaml", grid=True) -> Path:
+    """The tiny study plus `cells`, in reorder's own grid unless grid=False (defined only, e.g.
+    for a screening)."""
     params = yaml.safe_load(TINY.read_text())
     params["cells"].update(cells)
-    params["tasks"]["reorder"]["cells"] += list(cells)
+    if grid:
+        params["tasks"]["reorder"]["cells"] += list(cells)
     if screening_section:
         params["screening"] = screening_section
     path = tmp_path / name
@@ -186,7 +190,8 @@ SCREEN_CELLS = {
 def screen_params(tmp_path, promote, name="s.yaml"):
     section = {"scr": {"task": "reorder", "cells": ["baseline", "pe_none", "heads_1", "no_residual"],
                        "stage_one": {"filter": {"sample_fraction": 0.5}}, "promote": promote}}
-    return load_study(write_params(tmp_path, SCREEN_CELLS, section, name))
+    # heads_1 and no_residual are screened only; baseline and pe_none are also in reorder's grid.
+    return load_study(write_params(tmp_path, SCREEN_CELLS, section, name, grid=False))
 
 
 def _tests(**families):
@@ -218,9 +223,16 @@ def test_screening_stages_form_a_static_dag(tmp_path):
     promo = promotion_path(study, "scr")
     assert jobs[("promote", "scr")].out("promotion") == promo
     assert all(d.startswith("data/tiny/eval/scr-s1/") for d in jobs[("promote", "scr")].deps if d.startswith("data/"))
-    # Every stage-two job exists; non-baseline training waits for the promotion record.
+    # Stage two is reorder's full data at reorder's settings: no data jobs of its own, and the
+    # cells reorder's grid trains (baseline, pe_none) are read from reorder's runs, not retrained.
+    assert not any(j.wildcards.get("task") == "scr-s2" for j in jobs.values() if j.stage in ("filter", "bpe"))
+    assert ("train", "scr-s2-baseline-s0") not in jobs and ("evaluate", "scr-s2-pe_none-s0") not in jobs
+    assert study.run_task("scr-s2", "pe_none") == "reorder" and study.run_task("scr-s2", "heads_1") == "scr-s2"
+    assert "data/tiny/runs/reorder/pe_none/seed0/train_metrics.json" in jobs[("tables", "tiny")].deps
+    assert "data/tiny/runs/scr-s2/heads_1/seed0/train_metrics.json" in jobs[("tables", "tiny")].deps
+    assert jobs[("train", "scr-s2-heads_1-s0")].deps[0] == "data/tiny/bpe/reorder/default/bpe60"
+    # The other stage-two jobs exist; their training waits for the promotion record.
     assert promo in jobs[("train", "scr-s2-heads_1-s0")].deps
-    assert promo not in jobs[("train", "scr-s2-baseline-s0")].deps
     assert promo not in jobs[("train", "scr-s1-heads_1-s0")].deps
     # Stage one's data settings are params its data jobs read (edits rerun them under DVC).
     assert "screening.scr.stage_one.filter" in jobs[("filter", "scr-s1-default")].params
@@ -228,7 +240,7 @@ def test_screening_stages_form_a_static_dag(tmp_path):
     assert not any("scr-" in d for d in jobs[("aggregate", "tiny")].deps)
     assert promo in jobs[("tables", "tiny")].deps
     stages = yaml.safe_load(render(study))["stages"]
-    assert {"train-scr-s1", "train-scr-s2", "train-scr-s2-gated", "promote"} <= set(stages)
+    assert {"train-scr-s1", "train-scr-s2-gated", "promote"} <= set(stages) and "train-scr-s2" not in stages
 
 
 def test_not_promoted_jobs_write_records_instead_of_training(tmp_path, monkeypatch):
@@ -240,6 +252,8 @@ def test_not_promoted_jobs_write_records_instead_of_training(tmp_path, monkeypat
     assert screening.promoted(study, "scr-s2", "heads_1") and screening.promoted(study, "scr-s2", "baseline")
     assert not screening.promoted(study, "scr-s2", "no_residual")
     assert screening.promoted(study, "scr-s1", "no_residual")
+    with pytest.raises(StageError, match="stage two reads reorder/pe_none's runs"):
+        screening.require_own_run(study, "train", "scr-s2", "pe_none")
     from pipeline_src import evaluate, train
 
     train.run(study, "scr-s2", "no_residual", 0)
@@ -251,3 +265,43 @@ def test_not_promoted_jobs_write_records_instead_of_training(tmp_path, monkeypat
     evaluate.run(study, "scr-s2", "no_residual", 0)
     assert json.loads(Path(output_path("evaluate", "metrics", **wc)).read_text())["promoted"] is False
     assert Path(output_path("evaluate", "outputs", **wc)).is_dir()
+
+
+def test_held_verdict_compares_stage_two_with_stage_one(tmp_path, monkeypatch):
+    """held: stage two reaches the same verdict at alpha (significant or not) and, when
+    significant, in the same direction; families that were not promoted have no verdict."""
+    monkeypatch.chdir(tmp_path)
+    study = screen_params(tmp_path, {"top_k": 3})
+    families = [  # stage one: (family, cell, delta, p, promoted)
+        ("positional_encoding", "pe_none", -3.0, 0.01, True),   # stage two: significant, same sign -> held
+        ("heads", "heads_1", 2.0, 0.01, True),                  # stage two: significant, sign flipped -> not held
+        ("residual", "no_residual", -1.0, 0.30, True),          # stage two: not significant either -> held
+    ]
+    stage_two = {"pe_none": (-2.5, 0.02), "heads_1": (-1.0, 0.01), "no_residual": (-0.2, 0.6)}
+    record = {"metric": "bleu", "promoted": [f for f, *_, p in families if p],
+              "families": [{"family": f, "cell": c, "delta": d, "p_value": p, "promoted": pr, "rank": i + 1,
+                            "base": 10.0, "cell_score": 10.0 + d} for i, (f, c, d, p, pr) in enumerate(families)]}
+    path = Path(promotion_path(study, "scr"))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(record))
+    asked = {}
+
+    def fake_tests(study_, task, cells, metric):
+        asked.update(task=task, cells=list(cells), metric=metric)
+        return {c: {"delta": stage_two[c][0], "p_value": stage_two[c][1]} for c in cells}
+
+    monkeypatch.setattr(screening, "_tests", fake_tests)
+    rows = {r["family"]: r for r in screening.held(study, "scr", alpha=0.05)}
+    assert asked == {"task": "scr-s2", "cells": ["pe_none", "heads_1", "no_residual"], "metric": "bleu"}
+    assert rows["positional_encoding"]["held"] is True and rows["positional_encoding"]["delta2"] == -2.5
+    assert rows["heads"]["held"] is False
+    assert rows["residual"]["held"] is True
+    # A significant stage-one effect that vanishes at full scale did not hold; a family that was
+    # not promoted is not tested again.
+    stage_two["pe_none"] = (-0.1, 0.5)
+    record["families"][2]["promoted"] = False
+    path.write_text(json.dumps(record))
+    rows = {r["family"]: r for r in screening.held(study, "scr", alpha=0.05)}
+    assert rows["positional_encoding"]["held"] is False
+    assert rows["residual"]["held"] is None and rows["residual"]["delta2"] is None
+    assert asked["cells"] == ["pe_none", "heads_1"]

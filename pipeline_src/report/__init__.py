@@ -111,7 +111,8 @@ def report_paths(study) -> dict[str, Path]:
 
 
 def run_paths(study, task: str, cell: str, seed: int) -> dict[str, Path]:
-    wc = dict(study=study.name, task=task, cell=cell, seed=seed)
+    # (a stage-two cell that the screened task trains itself is that task's run)
+    wc = dict(study=study.name, task=study.run_task(task, cell), cell=cell, seed=seed)
     return {
         "train_metrics": Path(output_path("train", "metrics", **wc)),
         "train_info": Path(output_path("train", "info", **wc)),

@@ -511,15 +511,19 @@ def screening_table(study, screen_name: str) -> str:
                                     if screen.top_k is not None else "") if x)
     f1 = study.filter_config(s1, study.data_variant(s1, screen.cells[0])[0])
     steps1, steps2 = (study.cell(t, screen.cells[0]).train.max_steps for t in (s1, s2))
+    # Stage-two cells that the task's own grid trains are those runs, not retrained.
+    shared = [esc(study.cell(s2, c).label) for c in screen.cells if study.run_task(s2, c) != s2]
+    shared_note = f"; {', '.join(shared)}: the runs of {esc(screen.task)}'s own grid" if shared else ""
     notes = [f"Stage one: every cell on a subset of {esc(screen.task)} (task {esc(s1)}: sample fraction "
              f"{f1.sample_fraction:g}{', at most ' + fmt_int(f1.sample_size) + ' rows' if f1.sample_size else ''}"
              f"{f', {fmt_int(steps1)} training steps instead of {fmt_int(steps2)}' if steps1 != steps2 else ''}); "
-             f"stage two: the full data (task {esc(s2)}). $\\Delta$ = cell $-$ baseline in "
+             f"stage two: the full data (task {esc(s2)}{shared_note}). "
+             f"$\\Delta$ = cell $-$ baseline in "
              f"{esc(display_name(metric))} {_arrow(metric)}, $p$ from the two-sided paired bootstrap, seeds pooled. "
              f"A family's effect is that of its cell with the smallest $p_1$. Promotion rule (recorded in "
              f"promotion.json before stage two ran): families ranked by $p_1$, then $|\\Delta_1|$; promoted: "
              f"{esc(rule) if rule else 'all'}. Held: stage two reaches the same verdict at $p<{ALPHA}$ "
-             f"(significant or not), in the same direction. Families not promoted were not trained on the full data."]
+             f"(significant or not), in the same direction. Families not promoted are not tested at full scale."]
     return _table(body, "rlrrcrrc", f"Two-stage screening \\emph{{{esc(screen_name)}}}: did the stage-one "
                   f"conclusions hold on the full data?", f"tab:screening-{_label_id(screen_name)}", notes)
 
