@@ -30,12 +30,12 @@ from .common import (StageError, atomic_dir, cpu_name, atomic_write_json, atomic
 from .config import CellConfig, Study
 from .data.tokens import BOS, EOS, PAD, load_spm
 from .gpu_slots import claim_gpu
-from .optim import AdamW
+from .optim import adamw
 from .model import ModelConfig, Transformer, count_parameters, flops_per_token
 from .stages import SCRATCH, data_paths, output_path
 from .step_meter import StepMeter
 
-STATE_FORMAT = 2  # 2: pipeline_src.optim.AdamW's state, no scheduler state
+STATE_FORMAT = 2  # 2: optimiser per device (pipeline_src/optim.py), no scheduler state
 LOG_COLUMNS = ["step", "epoch", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mem_mb"]
 
 
@@ -240,20 +240,24 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     mcfg = model_config(cell, vocab_size)
     model = Transformer(mcfg).to(device)
     rank, world = distributed_setup(device)
-    # Our AdamW (pipeline_src/optim.py): torch's arithmetic without torch.optim's import of
-    # torch._dynamo. The schedule sets its lr before every step.
-    optimizer = AdamW(model.parameters(), lr=learning_rate(1, t), betas=t.betas, eps=t.eps,
+    # torch's fused AdamW on CUDA; on CPU the same arithmetic without torch.optim's import of
+    # torch._dynamo (pipeline_src/optim.py). The schedule sets the lr before every step.
+    optimizer = adamw(model.parameters(), device, lr=learning_rate(1, t), betas=t.betas, eps=t.eps,
                       weight_decay=t.weight_decay)
     # Token-budget batches change shape every step, and each new shape costs a compilation until
     # torch marks the sizes dynamic: measured on an H100 host with the base model, 12 steps in a
     # 150 s budget (eager: 2165); dynamic=True from the start was worse (one 150 s compilation).
     # With train.length_buckets the shapes are a fixed few: one static compilation per bucket
     # (cost.json: batch_shapes, warmup_s), and the recompile limit must let every bucket compile.
-    step_fn = model
+    # train.cuda_graphs: each bucket's compiled step is also captured as a CUDA graph and replayed
+    # (torch's "reduce-overhead" mode), which removes the per-kernel launch cost small models pay.
+    step_fn, graphs = model, False
     if t.compile and device.type == "cuda":
         if t.length_buckets:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        step_fn = torch.compile(model, dynamic=False if t.length_buckets else None)
+        graphs = t.cuda_graphs
+        step_fn = torch.compile(model, dynamic=False if t.length_buckets or graphs else None,
+                                mode="reduce-overhead" if graphs else None)
     if world > 1:
         step_fn = torch.nn.parallel.DistributedDataParallel(step_fn, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -263,7 +267,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     resumed_from = None
     # (STATE_FORMAT: a state saved by an older version of this file is not resumed from)
     fingerprint = study.section_hash(*[k for k in (f"tasks.{task}.model", f"tasks.{task}.train", f"cells.{cell_name}")])
-    fingerprint = f"{fingerprint}/{STATE_FORMAT}"
+    fingerprint = f"{fingerprint}/{STATE_FORMAT}/{type(optimizer).__module__}"  # (CPU and CUDA optimisers differ)
     if state_path.exists():
         saved = _load(state_path)
         if saved.get("fingerprint") == fingerprint:
@@ -312,8 +316,8 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         if t.time_budget_s is not None and time.perf_counter() - started > t.time_budget_s:
             state["stop_reason"] = "time_budget"
             break
-        optimizer.zero_grad()
-        optimizer.lr = learning_rate(state["step"] + 1, t)
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.param_groups[0]["lr"] = learning_rate(state["step"] + 1, t)
         micro = []
         for _ in range(t.grad_accum):
             state["epoch"], state["batch_in_epoch"], batch = next(stream)
@@ -322,6 +326,8 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         parts = [shard(b, rank, world) for b in micro]
         step_tokens, loss_sum = sum(target_tokens(p) for p in parts), torch.zeros((), device=device)
         meter.start_step(parts)
+        if graphs:  # a new training iteration: the graphs' output buffers of the last one are free
+            torch.compiler.cudagraph_mark_step_begin()
         for part in parts:
             with autocast(device, t.precision):
                 loss = sequence_loss(step_fn, batching.to_device(part, device), t.label_smoothing)
@@ -342,7 +348,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         steps, tokens_per_s = read_steps()
         _, step_loss, grad_norm, step_tokens = steps[-1]
         row = {"step": step, "epoch": state["epoch"], "train_loss": step_loss / max(step_tokens, 1), "val_loss": "",
-               "lr": optimizer.lr, "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
+               "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
                "mem_mb": _memory_mb(device)}
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
         if evaluate_now:
@@ -416,7 +422,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         "cpu_count": os.cpu_count(), "peak_mem_mb": _memory_mb(device, peak=True), "precision": _precision_name(device, t.precision),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
         "resumed_from_step": resumed_from, "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
-        "warmup_s": meter.warmup_s})
+        "warmup_s": meter.warmup_s, "compiled": step_fn is not model, "cuda_graphs": graphs})
     shutil.rmtree(scratch, ignore_errors=True)
     print(f"trained {task}/{cell_name}/seed{seed}: {state['step']} steps, best val loss {state['best_val']:.4f} "
           f"(step {state['best_step']}), {tokens_per_s:.0f} tok/s on {device}", flush=True)
