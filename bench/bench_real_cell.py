@@ -14,7 +14,7 @@ decode_all (the evaluate stage's beam-search function) on the test set, timed on
 --jobs K trains K cells (seeds) at once on the same device: aggregate tok/s and MFU (issue 11:
 several small cells per GPU; set PIPELINE_JOBS_PER_GPU on multi-GPU hosts).
 
-    python bench/bench_real_cell.py [--quick] [--budget-s 60] [--buckets 8|0] [--compile] [--jobs K]
+    python bench/bench_real_cell.py [--quick] [--budget-s 60] [--buckets 8|0] [--compile] [--cuda-graphs] [--jobs K]
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def write_study(work: Path, args, cuda: bool) -> dict:
     train = task["train"]
     # A fixed budget: no step limit, no evaluation inside it (the stage evaluates once at the end).
     train.update(max_steps=10**7, eval_every=10**7, time_budget_s=args.budget_s, length_buckets=args.buckets,
-                 compile=args.compile, patience=0)
+                 compile=args.compile or args.cuda_graphs, cuda_graphs=args.cuda_graphs, patience=0)
     if args.small:
         task["model"].update(SMALL_MODEL)
         train["batch_tokens"] = 2048
@@ -113,6 +113,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, help="training budget per cell (default 150 GPU, 60 CPU, 15 quick)")
     ap.add_argument("--buckets", type=int, default=8, help="train.length_buckets (0 = dynamic shapes)")
     ap.add_argument("--compile", action="store_true", help="train.compile (CUDA only)")
+    ap.add_argument("--cuda-graphs", action="store_true", help="train.cuda_graphs (with --compile; CUDA only)")
     ap.add_argument("--jobs", type=int, default=1, help="cells trained at once on the device")
     ap.add_argument("--small", action="store_true", help="the CPU model on any device (default on CPU)")
     ap.add_argument("--name", default="real_cell", help="report name under --out")
@@ -157,7 +158,7 @@ def main() -> None:
     mfu = sum(c["mfu"] for c in costs) if all(c["mfu"] is not None for c in costs) else None
     results = {
         "config": {"budget_s": args.budget_s, "length_buckets": args.buckets, "compile": args.compile,
-                   "jobs": args.jobs, "small": args.small, "model": params["tasks"][TASK]["model"],
+                   "cuda_graphs": args.cuda_graphs, "jobs": args.jobs, "small": args.small, "model": params["tasks"][TASK]["model"],
                    "batch_tokens": params["tasks"][TASK]["train"]["batch_tokens"]},
         "cost": dict(cost, tokens_per_s=tok_s, mfu=mfu), "per_job_cost": costs,
         "steps": metrics["steps"], "epochs": metrics["epochs"], "train_tokens": metrics["train_tokens"],
@@ -168,7 +169,8 @@ def main() -> None:
     rows = [["device", cost["device_name"]], ["cells at once", args.jobs],
             ["model", "base (params.yaml)" if not args.small else "d{d_model}/{enc_layers}+{dec_layers}".format(
                 **params["tasks"][TASK]["model"])],
-            ["train.length_buckets", args.buckets], ["train.compile", args.compile],
+            ["train.length_buckets", args.buckets], ["train.compile", args.compile or args.cuda_graphs],
+            ["train.cuda_graphs", args.cuda_graphs],
             ["training budget s", args.budget_s], ["steps (cell 1)", metrics["steps"]],
             ["target tok/s (all cells)", tok_s], ["MFU (all cells)", f"{100 * mfu:.1f} %" if mfu is not None else None],
             ["padding fraction", f"{100 * cost['pad_fraction']:.1f} %"], ["batch shapes", cost["batch_shapes"]],

@@ -69,6 +69,9 @@ class TrainConfig:
     # N lengths per doubling (batching.seq2seq_bucket_batches); 0 = token-budget batches of any shape.
     length_buckets: int = 0
     prefetch: bool | None = None  # collate batches in a background thread; null = on for CUDA only
+    # With compile on CUDA: replay each static batch shape's compiled step as a CUDA graph
+    # (torch.compile mode "reduce-overhead"); needs length_buckets for seq2seq tasks.
+    cuda_graphs: bool = False
 
 
 @dataclass(frozen=True)
@@ -393,6 +396,9 @@ def _resolve_cell(study: Study, task_name: str, cell_name: str) -> CellConfig:
     model = _merge(_merge(MODEL_DEFAULTS, task.model), cell.get("model", {}))
     _check_model(model, task.kind, f"{study.path}: {where}: model")
     train = _merge(task.train, cell.get("train", {}))
+    if train.get("cuda_graphs") and not (train.get("compile") and (train.get("length_buckets") or task.kind == "lm")):
+        raise ConfigError(f"{study.path}: {where}: train.cuda_graphs: needs train.compile: true"
+                          f"{'' if task.kind == 'lm' else ' and train.length_buckets > 0'} (one graph per static batch shape)")
     if "betas" in train:
         train["betas"] = tuple(train["betas"])
     ev = _merge(task.eval, cell.get("eval", {}))

@@ -210,3 +210,18 @@ def test_max_len_check_counts_the_bucket_grid(tmp_path):
     raw["tasks"]["reorder"]["model"]["max_len"] = 72
     path.write_text(yaml.safe_dump(raw))
     assert load_study(path).cell("reorder", "cell").model["max_len"] == 72
+
+
+def test_cuda_graphs_needs_compile_and_static_shapes(tmp_path):
+    raw = yaml.safe_load((FIXTURES / "valid_tiny.yaml").read_text())
+    path = tmp_path / "p.yaml"
+    train = raw["tasks"]["reorder"]["train"]
+    for settings in ({"cuda_graphs": True}, {"cuda_graphs": True, "compile": True}):
+        train.update(settings)
+        path.write_text(yaml.safe_dump(raw))
+        with pytest.raises(ConfigError, match=r"cells.baseline \(task reorder\): train.cuda_graphs: needs "
+                                              r"train.compile: true and train.length_buckets > 0"):
+            load_study(path)
+    train["length_buckets"] = 8
+    path.write_text(yaml.safe_dump(raw))
+    assert load_study(path).cell("reorder", "baseline").train.cuda_graphs is True

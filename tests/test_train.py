@@ -258,6 +258,15 @@ def test_prefetch_and_static_shapes_keep_metrics_byte_identical(workdir):
     # 300 short examples: a handful of buckets, against a new shape for most dynamic batches
     assert static["batch_shapes"] <= 12 < dynamic["batch_shapes"]
     assert static["warmup_s"] >= 0
+    assert static["compiled"] is False and static["cuda_graphs"] is False
+    # compile and CUDA graphs are CUDA-only: on a CPU the run is the eager one, and says so
+    params["tasks"]["reorder"]["train"].update(compile=True, cuda_graphs=True)
+    (workdir / "variant.yaml").write_text(yaml.safe_dump(params))
+    _clear(workdir)
+    subprocess.run(_train_cmd("variant.yaml"), cwd=workdir, env=_env(), check=True, capture_output=True)
+    record = {k: v for k, v in json.loads(metrics.read_text()).items() if k not in ("config", "provenance")}
+    assert json.dumps(record) == results[4, True][0]
+    assert json.loads(cost.read_text())["cuda_graphs"] is False
 
 
 def test_gpu_slots_several_jobs_per_gpu_spread_first(tmp_path):
