@@ -56,12 +56,18 @@ def measured_throughput() -> tuple[float, str] | None:
 
 def summary(study: Study) -> str:
     lines, total_tokens, total_flops = [], 0.0, 0.0
-    for name, task in study.tasks.items():
-        runs = [job_compute(study, name, c) for c in task.cells]
+    # Screening stages count too: stage one in full, stage two's own cells as if all were promoted
+    # (its other cells are the screened task's runs, counted there).
+    for name, task in study.all_tasks.items():
+        cells = study.own_cells(name)
+        if not cells:
+            continue
+        runs = [job_compute(study, name, c) for c in cells]
         tokens = sum(r[0] for r in runs) * len(study.seeds)
         flops = sum(r[1] for r in runs) * len(study.seeds)
         total_tokens, total_flops = total_tokens + tokens, total_flops + flops
-        lines.append(f"  {name}: {len(task.cells)} cells x {len(study.seeds)} seeds, "
+        what = {1: " (screening stage one)", 2: " (screening stage two, if promoted)"}.get(task.stage, "")
+        lines.append(f"  {name}{what}: {len(cells)} cells x {len(study.seeds)} seeds, "
                      f"{tokens:.3g} training tokens, {flops:.3g} FLOPs")
     text = f"estimated training compute (upper bound: max_steps, no early stopping): " \
            f"{total_tokens:.3g} tokens, {total_flops:.3g} FLOPs"
