@@ -14,6 +14,11 @@ for every new (batch, length) shape, which a decode loop meets at every step (--
 
 Target: the cache makes beam 4 at least 4x faster (sentences/s).
 
+A second table compares the implementations of cached beam search (same hypotheses): host
+(decode.beam_search: drops finished sentences, reads back every step), static
+(static_decode.beam_search_static: fixed shapes, on-device bookkeeping) and, on CUDA, graphs
+(static with the decoder step replayed as a CUDA graph).
+
     python bench/bench_decode.py [--quick] [--device cpu|cuda] [--batch 16] [--out-len 64]
 """
 from __future__ import annotations
@@ -27,6 +32,7 @@ import torch
 
 from pipeline_src.data.tokens import BOS, EOS, PAD
 from pipeline_src.model import ModelConfig, Transformer, beam_search, greedy_decode
+from pipeline_src.model.static_decode import beam_search_static
 
 TARGET = 4.0
 FULL = dict(d_model=256, n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024)
@@ -115,6 +121,32 @@ def main() -> None:
                         "sentences_per_s_no_cache": B / t_full, "speedup": speedup, "identical_outputs": same,
                         "target_met": met})
 
+    # Beam search implementations, all cached; interleaved, median of reps after one untimed run each.
+    impls = {"host": lambda: beam_search(model, src, beam_size=args.beam, length_penalty=0.6, max_len=args.out_len),
+             "static": lambda: beam_search_static(model, src, beam_size=args.beam, length_penalty=0.6,
+                                                  max_len=args.out_len)}
+    if gpu:
+        impls["graphs"] = lambda: beam_search_static(model, src, beam_size=args.beam, length_penalty=0.6,
+                                                     max_len=args.out_len, cuda_graphs=True)
+    impl_times, impl_out, impl_cold = {k: [] for k in impls}, {}, {}
+    for rep in range(reps + 1):
+        for name_, fn in impls.items():
+            sync(device)
+            tick = time.perf_counter()
+            with autocast(device):
+                impl_out[name_] = fn()
+            sync(device)
+            (impl_times[name_] if rep else impl_cold.setdefault(name_, [])).append(time.perf_counter() - tick)
+    impl_rows, impl_results = [], []
+    t_host = median(impl_times["host"])
+    for name_ in impls:
+        t = median(impl_times[name_])
+        same = sum(a == b for a, b in zip(impl_out[name_], impl_out["host"])) / B
+        impl_rows.append([f"beam {args.beam} {name_}", f"{t:.3f}", f"{impl_cold[name_][0]:.3f}", f"{B / t:.2f}",
+                          f"{t_host / t:.2f}×", f"{same:.0%}"])
+        impl_results.append({"impl": name_, "s": t, "times": impl_times[name_], "first_run_s": impl_cold[name_][0],
+                             "sentences_per_s": B / t, "speedup_vs_host": t_host / t, "identical_to_host": same})
+
     name = f"d{dims['d_model']}/{dims['enc_layers']}+{dims['dec_layers']}"
     where = " (bf16 autocast)" if gpu else f", {torch.get_num_threads()} threads"
     md = (f"{name} (heads {dims['n_heads']}, d_ff {dims['d_ff']}, vocab {vocab}, attention {args.impl}), random "
@@ -122,11 +154,15 @@ def main() -> None:
           f"suppressed); median of {reps} after {warmup} untimed; device {device}{where}. "
           f"Target: cache ≥ {TARGET:.0f}× faster for beam {args.beam}.\n\n"
           + md_table(["decoder", "KV cache", "s / batch", "first run s", "sentences/s", "tokens/s", "speed-up",
-                      "same output", "target met"], rows) + "\n")
+                      "same output", "target met"], rows) + "\n\n"
+          + "Cached beam search, by implementation (the first run includes any graph capture):\n\n"
+          + md_table(["decoder", "s / batch", "first run s", "sentences/s", "speed-up vs host", "same output"],
+                     impl_rows) + "\n")
     write_report("decode", "Decoding: greedy and beam search, with vs without KV cache",
                  {"device": str(device), "model": dict(dims, vocab_size=vocab, attention_impl=args.impl), "batch": B,
                   "src_len": args.src_len, "out_len": args.out_len, "beam": args.beam, "reps": reps,
-                  "target_speedup_beam": TARGET, "results": results}, md, quick=args.quick, out_dir=args.out)
+                  "target_speedup_beam": TARGET, "results": results,
+                  "beam_implementations": impl_results}, md, quick=args.quick, out_dir=args.out)
 
 
 if __name__ == "__main__":

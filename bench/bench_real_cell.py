@@ -14,7 +14,7 @@ decode_all (the evaluate stage's beam-search function) on the test set, timed on
 --jobs K trains K cells (seeds) at once on the same device: aggregate tok/s and MFU (issue 11:
 several small cells per GPU; set PIPELINE_JOBS_PER_GPU on multi-GPU hosts).
 
-    python bench/bench_real_cell.py [--quick] [--budget-s 60] [--buckets 8|0] [--compile] [--cuda-graphs] [--jobs K]
+    python bench/bench_real_cell.py [--quick] [--budget-s 60] [--buckets 8|0] [--compile] [--cuda-graphs] [--decoding graphs] [--jobs K]
 """
 from __future__ import annotations
 
@@ -59,6 +59,7 @@ def write_study(work: Path, args, cuda: bool) -> dict:
     # A fixed budget: no step limit, no evaluation inside it (the stage evaluates once at the end).
     train.update(max_steps=10**7, eval_every=10**7, time_budget_s=args.budget_s, length_buckets=args.buckets,
                  compile=args.compile or args.cuda_graphs, cuda_graphs=args.cuda_graphs, patience=0)
+    task["eval"]["decoding"] = args.decoding
     if args.small:
         task["model"].update(SMALL_MODEL)
         train["batch_tokens"] = 2048
@@ -114,6 +115,8 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, default=8, help="train.length_buckets (0 = dynamic shapes)")
     ap.add_argument("--compile", action="store_true", help="train.compile (CUDA only)")
     ap.add_argument("--cuda-graphs", action="store_true", help="train.cuda_graphs (with --compile; CUDA only)")
+    ap.add_argument("--decoding", default="auto", choices=["auto", "host", "static", "graphs"],
+                    help="eval.decoding: the beam search implementation of the evaluate stage")
     ap.add_argument("--jobs", type=int, default=1, help="cells trained at once on the device")
     ap.add_argument("--small", action="store_true", help="the CPU model on any device (default on CPU)")
     ap.add_argument("--name", default="real_cell", help="report name under --out")
@@ -150,7 +153,10 @@ def main() -> None:
         decode_s, n_test = timed_decode(work, params, cuda)
         sys.path.insert(0, str(REPO))
         from pipeline_src import batching
-        train_data = batching.load_seq2seq(work / "data" / "realcell" / "bpe" / TASK, "train", 256, 256)
+        from pipeline_src.config import load_study
+        from pipeline_src.stages import data_paths
+        bpe_dir = data_paths(load_study(work / "study.yaml"), TASK, "baseline")[1]  # relative to work/
+        train_data = batching.load_seq2seq(work / bpe_dir, "train", 256, 256)
         epoch_tokens = sum(len(t) + 1 for t in train_data.tgt)
 
     cost = costs[0]
@@ -158,7 +164,7 @@ def main() -> None:
     mfu = sum(c["mfu"] for c in costs) if all(c["mfu"] is not None for c in costs) else None
     results = {
         "config": {"budget_s": args.budget_s, "length_buckets": args.buckets, "compile": args.compile,
-                   "cuda_graphs": args.cuda_graphs, "jobs": args.jobs, "small": args.small, "model": params["tasks"][TASK]["model"],
+                   "cuda_graphs": args.cuda_graphs, "decoding": args.decoding, "jobs": args.jobs, "small": args.small, "model": params["tasks"][TASK]["model"],
                    "batch_tokens": params["tasks"][TASK]["train"]["batch_tokens"]},
         "cost": dict(cost, tokens_per_s=tok_s, mfu=mfu), "per_job_cost": costs,
         "steps": metrics["steps"], "epochs": metrics["epochs"], "train_tokens": metrics["train_tokens"],
@@ -170,7 +176,7 @@ def main() -> None:
             ["model", "base (params.yaml)" if not args.small else "d{d_model}/{enc_layers}+{dec_layers}".format(
                 **params["tasks"][TASK]["model"])],
             ["train.length_buckets", args.buckets], ["train.compile", args.compile or args.cuda_graphs],
-            ["train.cuda_graphs", args.cuda_graphs],
+            ["train.cuda_graphs", args.cuda_graphs], ["eval.decoding", args.decoding],
             ["training budget s", args.budget_s], ["steps (cell 1)", metrics["steps"]],
             ["target tok/s (all cells)", tok_s], ["MFU (all cells)", f"{100 * mfu:.1f} %" if mfu is not None else None],
             ["padding fraction", f"{100 * cost['pad_fraction']:.1f} %"], ["batch shapes", cost["batch_shapes"]],

@@ -84,6 +84,11 @@ class EvalConfig:
     max_examples: int | None = None
     n_samples: int = 5
     bootstrap: int = 1000
+    # Beam search implementation (same hypotheses): host = decode.beam_search, which drops finished
+    # sentences (best on a CPU); static = static_decode (fixed shapes, no host reads per step);
+    # graphs = static with the decoder step replayed as a CUDA graph (CUDA only, else static);
+    # auto = host (static and graphs are tested on CPU but not yet measured on a GPU).
+    decoding: str = "auto"
 
 
 @dataclass(frozen=True)

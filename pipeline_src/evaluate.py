@@ -25,6 +25,7 @@ from .common import StageError, atomic_dir, atomic_write_json, progress, provena
 from .config import Study
 from .data.tokens import EOS, PAD, load_spm
 from .model import beam_search
+from .model.static_decode import beam_search_static
 from .stages import data_paths, output_path
 from .train import autocast, load_trained_model, select_device
 
@@ -108,8 +109,16 @@ def _tsv(columns: list[str], rows: list[list]) -> str:
     return "".join("\t".join(map(cell, row)) + "\n" for row in [columns] + rows)
 
 
+def decoding_method(ev, model, device) -> str:
+    """The beam search eval.decoding asks for, as it can run here (see config.EvalConfig)."""
+    if ev.decoding in ("auto", "host") or model.cfg.arch == "encoder_only":
+        return "host"
+    return "graphs" if ev.decoding == "graphs" and device.type == "cuda" else "static"
+
+
 @torch.no_grad()
 def decode_all(model, data: batching.Seq2SeqData, ev, device, precision: str, desc: str) -> list[list[int]]:
+    method = decoding_method(ev, model, device)
     order = np.argsort([len(s) for s in data.src], kind="stable")
     hyps: list[list[int] | None] = [None] * len(data)
     bar = progress(total=len(data), desc=desc, unit="sent")
@@ -117,8 +126,13 @@ def decode_all(model, data: batching.Seq2SeqData, ev, device, precision: str, de
         idx = order[start: start + ev.batch_size].tolist()
         src = batching.pad_rows([data.src[i] for i in idx]).to(device)
         with autocast(device, precision):  # beam_size 1 is exactly greedy search (tested)
-            out = beam_search(model, src, beam_size=ev.beam_size, length_penalty=ev.length_penalty,
-                              max_len_a=ev.max_len_a, max_len_b=ev.max_len_b)
+            if method == "host":
+                out = beam_search(model, src, beam_size=ev.beam_size, length_penalty=ev.length_penalty,
+                                  max_len_a=ev.max_len_a, max_len_b=ev.max_len_b)
+            else:
+                out = beam_search_static(model, src, beam_size=ev.beam_size, length_penalty=ev.length_penalty,
+                                         max_len_a=ev.max_len_a, max_len_b=ev.max_len_b,
+                                         cuda_graphs=method == "graphs")
         for i, h in zip(idx, out):
             hyps[i] = h
         bar.update(len(idx))
@@ -227,6 +241,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     atomic_write_json(info_path, {
         "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
         "leaks_future": cell.leaks_future, "signatures": signatures, "samples": samples,
+        "decoding": decoding_method(ev, model, device) if cell.kind != "lm" else None,
         "provenance": provenance(study, seed=seed)})
     shown = ", ".join(f"{k}={v:.3f}" for k, v in result.items() if isinstance(v, float) and not math.isnan(v))
     print(f"evaluated {task}/{cell_name}/seed{seed}: {shown}", flush=True)

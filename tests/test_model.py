@@ -769,3 +769,39 @@ def test_kv_cache_is_written_in_place_and_decoding_is_unchanged(arch):
                 == beam_search(model, src, beam_size=3, max_len=30, use_cache=False))
     finally:
         never_eos.remove()
+
+
+@pytest.mark.parametrize("arch", CAUSAL_ARCHS)
+@pytest.mark.parametrize("pos_encoding", ["sinusoidal", "rope"])
+def test_static_shape_beam_search_finds_the_same_hypotheses(arch, pos_encoding, trained):
+    """The GPU decoder (static shapes, fixed-capacity cache, on-device bookkeeping) returns what
+    decode.beam_search returns: trained models, random and padded sources, beams 1 to 4,
+    sentences finishing at different steps, the length limit reached by some."""
+    from pipeline_src.model.static_decode import beam_search_static
+
+    model = trained(arch) if pos_encoding == "sinusoidal" else make(arch, pos_encoding=pos_encoding).eval()
+    g = torch.Generator().manual_seed(11)
+    rows = [torch.randint(4, V, (int(n),), generator=g).tolist() for n in torch.randint(1, 8, (12,), generator=g)]
+    for left in (False, True):
+        src = padded(rows + SOURCES, left)
+        for beam in (1, 2, 4):
+            for limits in ({"max_len": 9}, {"max_len_a": 0.5, "max_len_b": 2}):
+                want = beam_search(model, src, beam_size=beam, length_penalty=0.6, **limits)
+                got = beam_search_static(model, src, beam_size=beam, length_penalty=0.6, **limits)
+                assert got == want, (beam, limits, left)
+    assert len({len(h) for h in want}) >= 2
+    assert beam_search_static(model, src[:0], beam_size=2) == []
+
+
+def test_eval_decoding_setting_picks_the_beam_search_that_can_run_here():
+    from types import SimpleNamespace
+
+    from pipeline_src.evaluate import decoding_method
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    ev = lambda d: SimpleNamespace(decoding=d)  # noqa: E731
+    assert decoding_method(ev("auto"), make("encoder_decoder"), cuda) == "host"
+    assert decoding_method(ev("static"), make("decoder_only"), cpu) == "static"
+    assert decoding_method(ev("graphs"), make("encoder_decoder"), cpu) == "static"   # CUDA graphs need CUDA
+    assert decoding_method(ev("graphs"), make("encoder_decoder"), cuda) == "graphs"
+    assert decoding_method(ev("graphs"), make("encoder_only"), cuda) == "host"       # no causal decoder

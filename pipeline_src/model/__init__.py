@@ -6,6 +6,7 @@
     layers.py       feed-forward, encoder and decoder layers and stacks
     transformer.py  the model: encoder_decoder, decoder_only or encoder_only
     decode.py       greedy and beam-search decoding
+    static_decode.py  the same beam search in static shapes (GPU; CUDA graphs)
     accounting.py   parameter and FLOP counts
 """
 from .accounting import count_parameters, flops_per_token

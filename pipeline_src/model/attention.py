@@ -89,7 +89,18 @@ def append_kv(cache: dict, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """Write this step's keys/values (B, H, T, d) into the layer's cache in place and return the
     whole cached (B, H, n + T, d) as views. The buffers are preallocated with room for 32 more
     positions, so a decoding step writes T positions instead of copying the whole past with a
-    torch.cat (one reallocation every 32 steps). cache["k"]/["v"] are the filled part, cache["n"] its length."""
+    torch.cat (one reallocation every 32 steps). cache["k"]/["v"] are the filled part, cache["n"] its length.
+
+    A static cache (static_decode.py: "capacity" and "write_at" set) never changes shape: its
+    zero-initialised buffers hold `capacity` positions, this call's K/V go to the positions in
+    the device tensor write_at, and the whole buffers are returned (the mask hides unused slots)."""
+    if "write_at" in cache:
+        if "k_buf" not in cache:
+            B, H, _, d = k.shape
+            cache["k_buf"], cache["v_buf"] = (t.new_zeros(B, H, cache["capacity"], d) for t in (k, v))
+        cache["k_buf"].index_copy_(2, cache["write_at"], k)
+        cache["v_buf"].index_copy_(2, cache["write_at"], v)
+        return cache["k_buf"], cache["v_buf"]
     n, T = cache.get("n", 0), k.size(2)
     buf = cache.get("k_buf")
     if buf is None or n + T > buf.size(2):

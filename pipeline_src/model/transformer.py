@@ -134,6 +134,15 @@ class Transformer(nn.Module):
         h = self.decoder(x, self_mask, positions, memory, cross_mask, cache)
         return self.lm_head(h)                                                # (B, T_new, V)
 
+    def decode_static(self, ids: Tensor, positions: Tensor, self_mask: Tensor, memory: Tensor | None,
+                      cross_mask: Tensor | None, cache: list[dict]) -> Tensor:
+        """Logits (N, T, V) of new tokens ids (N, T) at `positions`, against a static cache
+        (static_decode.py) that the call writes at its write_at slots; self_mask (N, 1, T, L)
+        additive over all L cache slots. Everything is given, nothing inferred from the ids, so
+        every decoding step has the same shapes (what a CUDA graph needs)."""
+        x = self.embed(ids, "tgt", positions)
+        return self.lm_head(self.decoder(x, self_mask, positions, memory, cross_mask, cache))
+
     def new_cache(self) -> list[dict]:
         """Empty per-layer key/value caches for incremental decoding with decode()."""
         if self.decoder is None:
