@@ -155,11 +155,12 @@ def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) ->
         layer["self"]["write_at"] = step.write_at                               # steps write one slot
     n_prefix = real.sum(dim=1)                                                   # (N,) real prefix tokens
 
-    neg_inf = torch.tensor(float("-inf"), device=device)
+    # Normalised scores in float64, as the host version divides Python floats: equal rankings.
+    neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=device)
     scores = torch.full((B, K), float("-inf"), device=device)                  # log p of each live beam
     scores[:, 0] = 0.0                         # only beam 0 starts alive (the K starts are identical)
     gen = torch.zeros(N, max(T_max, 1), dtype=torch.long, device=device)        # generated tokens per row
-    best_score = torch.full((B,), float("-inf"), device=device)                 # best finished hypothesis
+    best_score = torch.full((B,), float("-inf"), dtype=torch.float64, device=device)  # best finished hypothesis
     best_tokens = torch.zeros(B, max(T_max, 1), dtype=torch.long, device=device)
     best_len = torch.zeros(B, dtype=torch.long, device=device)
     n_finished = torch.zeros(B, dtype=torch.long, device=device)
@@ -182,7 +183,7 @@ def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) ->
         # Sentences at their length limit finish their live beams as they are (length t).
         at_limit = ~done & (limits <= t)
         live = at_limit[:, None] & scores.isfinite()
-        offer(torch.where(live, scores / _length_penalty(t, alpha), neg_inf), beams, t, at_limit)
+        offer(torch.where(live, scores.double() / _length_penalty(t, alpha), neg_inf), beams, t, at_limit)
         n_finished += live.sum(dim=1)
         done |= at_limit | (n_finished >= K)
         if t == T_max or (t % CHECK_EVERY == 0 and bool(done.all())):
@@ -193,8 +194,8 @@ def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) ->
         ends = token == cfg.eos_id
         # Candidates ending in eos within the top K finish (length t + 1 with the eos).
         hits = ends[:, :K] & top_scores[:, :K].isfinite() & ~done[:, None]
-        offer(torch.where(hits, top_scores[:, :K] / _length_penalty(t + 1, alpha), neg_inf), origin[:, :K],
-              t, ~done)
+        offer(torch.where(hits, top_scores[:, :K].double() / _length_penalty(t + 1, alpha), neg_inf),
+              origin[:, :K], t, ~done)
         n_finished += hits.sum(dim=1)
         # The best K candidates not ending in eos live on (each beam adds at most one eos).
         scores, pick = top_scores.masked_fill(ends, float("-inf")).topk(K, dim=1)
