@@ -65,7 +65,7 @@ class Reference(nn.Module):
         real = ids != self.cfg.pad_id
         return self.dropout(self.embed(ids) + self.positions(positions_from_mask(real))), ~real
 
-    def forward(self, src, tgt):
+    def forward(self, src, tgt, unpadded: bool = False):  # (unpadded: our model's hint; no use here)
         xs, src_pad = self._embed(src)
         xt, tgt_pad = self._embed(tgt)
         T = tgt.size(1)
