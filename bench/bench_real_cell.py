@@ -148,6 +148,8 @@ def main() -> None:
         costs = [json.loads((runs / f"seed{s}" / "cost.json").read_text()) for s in range(args.jobs)]
         metrics = json.loads((runs / "seed0" / "train_metrics.json").read_text())
         eval_wall = stage(work, "evaluate", "--task", TASK, "--cell", "baseline", "--seed", "0")
+        ev_info = json.loads((work / "data" / "realcell" / "eval" / TASK / "baseline" / "seed0" / "eval_info.json")
+                             .read_text())
         ev = json.loads((work / "data" / "realcell" / "eval" / TASK / "baseline" / "seed0" / "eval_metrics.json")
                         .read_text())
         decode_s, n_test = timed_decode(work, params, cuda)
@@ -170,13 +172,15 @@ def main() -> None:
         "steps": metrics["steps"], "epochs": metrics["epochs"], "train_tokens": metrics["train_tokens"],
         "epoch_target_tokens": epoch_tokens, "device_s_per_epoch": epoch_tokens / cost["tokens_per_s"],
         "prep_s": prep, "train_wall_s": train_wall, "evaluate_wall_s": eval_wall, "decode_s": decode_s,
-        "decode_sentences": n_test, "bleu": ev["metrics"].get("bleu"), "val_loss": ev["metrics"].get("val_loss"),
+        "decode_sentences": n_test, "decoding_as_run": ev_info.get("decoding"), "bleu": ev["metrics"].get("bleu"), "val_loss": ev["metrics"].get("val_loss"),
     }
     rows = [["device", cost["device_name"]], ["cells at once", args.jobs],
             ["model", "base (params.yaml)" if not args.small else "d{d_model}/{enc_layers}+{dec_layers}".format(
                 **params["tasks"][TASK]["model"])],
             ["train.length_buckets", args.buckets], ["train.compile", args.compile or args.cuda_graphs],
             ["train.cuda_graphs", args.cuda_graphs], ["eval.decoding", args.decoding],
+            ["as run: compiled / CUDA graphs / decoding", f"{cost.get('compiled')} / {cost.get('cuda_graphs')} / "
+                                                          f"{ev_info.get('decoding')}"],
             ["training budget s", args.budget_s], ["steps (cell 1)", metrics["steps"]],
             ["target tok/s (all cells)", tok_s], ["MFU (all cells)", f"{100 * mfu:.1f} %" if mfu is not None else None],
             ["padding fraction", f"{100 * cost['pad_fraction']:.1f} %"], ["batch shapes", cost["batch_shapes"]],

@@ -45,7 +45,8 @@ def measured_throughput() -> tuple[float, str] | None:
         if not path.exists():
             continue
         record = json.loads(path.read_text())
-        cost = record.get("results", {}).get("cost", record)  # bench report or a bare cost.json
+        # a bench_real_cell report (its "cost", possibly under "results") or a bare cost.json
+        cost = record.get("cost") or record.get("results", {}).get("cost") or record
         if cost.get("mfu") and cost.get("peak_flops"):
             where = f"{cost.get('device_name', cost.get('device'))}, {path.relative_to(ROOT)}"
             return cost["mfu"] * cost["peak_flops"], where
