@@ -527,10 +527,11 @@ def load_study(path: str | Path) -> Study:
 
 def bucket_length(n: int, per_octave: int) -> int:
     """n rounded up to a grid with `per_octave` lengths per doubling: 1..per_octave exactly, then
-    steps of 2^k / per_octave, so a row is padded by less than 1/per_octave of its length."""
+    steps of 2^k / per_octave, so a row is padded by less than 1/per_octave of its length. (A
+    per_octave that is not a power of two rounds the step down, to at least 1.)"""
     if n <= per_octave:
         return n
-    step = 2 ** int(math.log2(n)) // per_octave
+    step = max(1, 2 ** int(math.log2(n)) // per_octave)
     return -(-n // step) * step
 
 

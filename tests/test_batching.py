@@ -34,6 +34,11 @@ def test_bucket_length_grid():
         # per_octave exact small lengths, then per_octave values in each doubling
         assert len(grid) <= per_octave * (1 + np.log2(512 / per_octave)) + 1
     assert [batching.bucket_length(n, 4) for n in (3, 4, 5, 6, 7, 9, 17, 33)] == [3, 4, 5, 6, 7, 10, 20, 40]
+    # any per_octave works (was a division by zero for 6 at n = 7): never shorter, under 1/per_octave + 1 longer
+    for per_octave in (3, 5, 6, 7, 12):
+        for n in range(1, 300):
+            b = batching.bucket_length(n, per_octave)
+            assert n <= b < n * (1 + 1 / per_octave) + 1
 
 
 @pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only"])
