@@ -187,8 +187,6 @@ def run(study, task: str, fv: str = "default", tv: str | None = None) -> None:
              "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
              "training": {k: v for k, v in train_stats.items() if k not in ("seconds", "mb_per_s")},
              "mb_per_s": round(train_stats["mb_per_s"], 3), "tokens": {}, "sequences": {}, "dropped": []}
-    if t.kind == "lm":
-        stats["words"] = {}
     limits = {"src": cfg.max_src_tokens, "tgt": cfg.max_tgt_tokens, "text": cfg.max_src_tokens}
     with atomic_dir(out) as tmp:
         (tmp / "spm.model").write_bytes(model)
@@ -221,9 +219,6 @@ def run(study, task: str, fv: str = "default", tv: str | None = None) -> None:
                 np.save(tmp / f"{split}.{side}.offsets.npy", offsets.astype(np.int64, copy=False))
                 stats["tokens"][split][side] = int(len(ids))
             stats["sequences"][split] = int(len(index))
-            if t.kind == "lm":
-                texts = tbl.column("text").take(index).to_pylist()
-                stats["words"][split] = int(sum(len(x.split()) for x in texts) + len(texts))
         stats["provenance"] = provenance(study, stage="bpe", task=task)
         atomic_write_json(tmp / "stats.json", stats)
     rows = ", ".join(f"{s} {n}" for s, n in stats["sequences"].items())
