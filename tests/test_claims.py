@@ -4,9 +4,7 @@ faked study (tests/fixtures/report/), where `pe_none` is much worse than the bas
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +14,6 @@ import yaml
 
 from pipeline_src.config import load_study
 from pipeline_src.report import claims as C
-from pipeline_src.stages import output_path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "report"
@@ -118,17 +115,6 @@ REFERENCES = [
 ]
 
 
-def _copy_baseline_eval(study, task: str, cell: str) -> None:
-    for seed in study.seeds:
-        src = dict(study=study.name, task=task, cell="baseline", seed=seed)
-        dst = dict(study=study.name, task=task, cell=cell, seed=seed)
-        shutil.rmtree(output_path("evaluate", "outputs", **dst))
-        shutil.copytree(output_path("evaluate", "outputs", **src), output_path("evaluate", "outputs", **dst))
-        ev = json.loads(Path(output_path("evaluate", "metrics", **src)).read_text())
-        ev.update(cell=cell, label=study.cell(task, cell).label, family=study.cell(task, cell).family)
-        Path(output_path("evaluate", "metrics", **dst)).write_text(json.dumps(ev))
-
-
 @pytest.fixture(scope="module")
 def stage(tmp_path_factory):
     root = tmp_path_factory.mktemp("claims")
@@ -138,7 +124,7 @@ def stage(tmp_path_factory):
         params["claims"], params["references"] = CLAIMS, REFERENCES
         Path("params_claims.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         study = fake_study.build("params_claims.yaml", ".", n_test=30)
-        _copy_baseline_eval(study, "tr_task", "same_as_base")
+        fake_study.copy_baseline_eval(study, "tr_task", "same_as_base")
         from pipeline_src.report import aggregate
 
         aggregate.run(study)

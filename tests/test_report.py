@@ -25,17 +25,6 @@ fake_study = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_study)
 
 
-def _copy_baseline_eval(study, task: str, cell: str) -> None:
-    for seed in study.seeds:
-        src = dict(study=study.name, task=task, cell="baseline", seed=seed)
-        dst = dict(study=study.name, task=task, cell=cell, seed=seed)
-        shutil.rmtree(output_path("evaluate", "outputs", **dst))
-        shutil.copytree(output_path("evaluate", "outputs", **src), output_path("evaluate", "outputs", **dst))
-        ev = json.loads(Path(output_path("evaluate", "metrics", **src)).read_text())
-        ev.update(cell=cell, label=study.cell(task, cell).label, family=study.cell(task, cell).family)
-        Path(output_path("evaluate", "metrics", **dst)).write_text(json.dumps(ev))
-
-
 def _tiny_model(vocab_size: int):
     import torch
 
@@ -54,7 +43,7 @@ def built(tmp_path_factory):
         mp.chdir(root)
         shutil.copy(FIXTURES / "params.yaml", root / "params_test.yaml")
         study = fake_study.build("params_test.yaml", ".", n_test=30)
-        _copy_baseline_eval(study, "tr_task", "same_as_base")
+        fake_study.copy_baseline_eval(study, "tr_task", "same_as_base")
         from pipeline_src.report import aggregate, figures, tables
 
         aggregate.run(study)
