@@ -3,7 +3,6 @@ report steps, under Snakemake and under DVC. Runs a real (tiny) study in a scrat
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,17 +73,23 @@ def test_screening_promotes_one_family_and_records_the_rest(repo):
     assert "Ablations that reach the data" in tex and "not comparable across tokenizers" in tex
 
 
-def test_snakemake_reruns_exactly_the_edited_cell(repo):
-    out = _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}", "-n"], repo)
-    assert "Nothing to be done" in out
-    _edit_cell(repo, dropout=0.2)
+def _planned_jobs(repo: Path, wildcards: str) -> set[tuple[str, str | None]]:
+    """(rule, value of the first of `wildcards` it has) of every job `snakemake -n` would run."""
     out = _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}", "-n"], repo)
     jobs = set()
     for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
         head = re.match(r"(?:local)?rule (\w+):", block)
         if head and head.group(1) != "all":
-            cell = re.search(r"cell=([\w-]+)", block)
-            jobs.add((head.group(1), cell.group(1) if cell else None))
+            key = re.search(rf"(?:{wildcards})=([\w-]+)", block)
+            jobs.add((head.group(1), key.group(1) if key else None))
+    return jobs
+
+
+def test_snakemake_reruns_exactly_the_edited_cell(repo):
+    out = _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}", "-n"], repo)
+    assert "Nothing to be done" in out
+    _edit_cell(repo, dropout=0.2)
+    jobs = _planned_jobs(repo, "cell")
     assert jobs == {("train", "pe_none"), ("evaluate", "pe_none")} | {(s, None) for s in REPORT_STEPS}, jobs
     _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}"], repo)
 
@@ -102,13 +107,7 @@ def test_snakemake_reruns_only_the_edited_tokenizer_fork(repo):
     the cell's training/evaluation and the report steps; the shared filtered set and the other
     cells' tokenizers stay."""
     _edit_data_cell(repo, model_type="unigram")
-    out = _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}", "-n"], repo)
-    jobs = set()
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
-        head = re.match(r"(?:local)?rule (\w+):", block)
-        if head and head.group(1) != "all":
-            key = re.search(r"(?:cell|tv)=([\w-]+)", block)
-            jobs.add((head.group(1), key.group(1) if key else None))
+    jobs = _planned_jobs(repo, "cell|tv")
     assert jobs == {("bpe", "unigram60"), ("train", "tok_char"), ("evaluate", "tok_char")} | \
         {(s, None) for s in REPORT_STEPS}, jobs
     _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}"], repo)
