@@ -27,7 +27,6 @@ from common import OUT_DIR, autocast, md_table, median, peak_bf16_flops, sync, t
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from pipeline_src.data.tokens import BOS, EOS, PAD
 from pipeline_src.model import ModelConfig, Transformer, flops_per_token

@@ -247,7 +247,8 @@ class Study:
         screened task, the stage-two cells it does not train itself."""
         if self.data_task(task) != task:
             return ()
-        extra = [c for t in self.screen_tasks.values() if t.stage == 2 and t.source == task for c in self.own_cells(t.name)]
+        extra = [c for t in self.screen_tasks.values() if t.stage == 2 and t.source == task
+                 for c in self.own_cells(t.name)]
         return tuple(dict.fromkeys(self.task(task).cells + tuple(extra)))
 
     def data_variant(self, task: str, cell: str) -> tuple[str, str]:

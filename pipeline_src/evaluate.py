@@ -166,6 +166,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     arch = cell.model["arch"]
     result: dict = {}
     per_example = []
+    references: dict[str, dict[str, list]] = {}  # split -> the filtered split's columns, read once
     samples = []
     files: dict[str, str] = {}
 
@@ -174,7 +175,8 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         for split in ("validation", "test"):
             stream, ends = batching.load_lm_stream(bpe_dir, split)
             nll, count = lm_nll(model, stream, ends, t.lm_seq_len, rows, device, t.precision)
-            line_words = [len(str(x).split()) + 1 for x in _references(study, task, split, bpe_dir, cell_name)["text"]]
+            references[split] = _references(study, task, split, bpe_dir, cell_name)
+            line_words = [len(str(x).split()) + 1 for x in references[split]["text"]]
             words = _word_denominator(study, task, split, len(ends), sum(line_words), cell_name)
             short = "val" if split == "validation" else "test"
             result[f"{short}_loss"] = float(nll.sum() / count.sum())
@@ -184,7 +186,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
             per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
                             for i, (a, b, w) in enumerate(zip(nll, count, line_words))]
         if not cell.leaks_future:
-            samples = _lm_samples(model, sp, _references(study, task, "test", bpe_dir, cell_name)["text"], ev.n_samples, device)
+            samples = _lm_samples(model, sp, references["test"]["text"], ev.n_samples, device)
     else:
         limit = ev.max_examples
         for split in ("validation", "test"):
@@ -196,13 +198,13 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
             result[f"{short}_ppl"] = metrics.perplexity(float(nll.sum()), int(count.sum()))
             # Per-word perplexity: the same summed NLL over the reference's words (+1 for the
             # end of sequence), so cells with different tokenizers compare; per-token cannot.
-            ref_words = [len(str(x).split()) + 1
-                         for x in _references(study, task, split, bpe_dir, cell_name)["tgt"][: len(nll)]]
+            references[split] = _references(study, task, split, bpe_dir, cell_name)
+            ref_words = [len(str(x).split()) + 1 for x in references[split]["tgt"][: len(nll)]]
             result[f"{short}_ppl_word"] = metrics.perplexity(float(nll.sum()), int(sum(ref_words)))
             per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
                             for i, (a, b, w) in enumerate(zip(nll, count, ref_words))]
         test = batching.load_seq2seq(bpe_dir, "test", t.max_src_len, t.max_tgt_len, limit=limit)
-        refs_frame = {k: v[: len(test)] for k, v in _references(study, task, "test", bpe_dir, cell_name).items()}
+        refs_frame = {k: v[: len(test)] for k, v in references["test"].items()}
         hyp_ids = decode_all(model, test, ev, device, t.precision, desc=f"decode {task}/{cell_name}/s{seed}")
         hyps = [sp.decode(h) for h in hyp_ids]
         refs = [str(r) for r in refs_frame["tgt"]]

@@ -68,8 +68,6 @@ def test_leaking_cell_is_marked():
 
 # --------------------------------------------------------------------------- cross-field: positions
 
-import copy  # noqa: E402
-
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
