@@ -14,7 +14,7 @@ decode_all (the evaluate stage's beam-search function) on the test set, timed on
 --jobs K trains K cells (seeds) at once on the same device: aggregate tok/s and MFU (issue 11:
 several small cells per GPU; set PIPELINE_JOBS_PER_GPU on multi-GPU hosts).
 
-    python bench/bench_real_cell.py [--quick] [--budget-s 60] [--buckets 8|0] [--compile] [--cuda-graphs] [--decoding graphs] [--jobs K]
+    python bench/bench_real_cell.py [--quick] [--budget-s 60] [--buckets 8|0] [--compile [--compile-scope layers|model] [--compile-shapes auto|static]] [--cuda-graphs] [--decoding graphs] [--jobs K]
 """
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def write_study(work: Path, args, cuda: bool) -> dict:
     train = task["train"]
     # A fixed budget: no step limit, no evaluation inside it (the stage evaluates once at the end).
     train.update(max_steps=10**7, eval_every=10**7, time_budget_s=args.budget_s, length_buckets=args.buckets,
-                 compile=args.compile or args.cuda_graphs, cuda_graphs=args.cuda_graphs, patience=0)
+                 compile=args.compile or args.cuda_graphs, cuda_graphs=args.cuda_graphs, patience=0,
+                 compile_scope=args.compile_scope, compile_dynamic={"auto": None, "static": False}[args.compile_shapes])
     task["eval"]["decoding"] = args.decoding
     if args.small:
         task["model"].update(SMALL_MODEL)
@@ -115,6 +116,9 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, default=8, help="train.length_buckets (0 = dynamic shapes)")
     ap.add_argument("--compile", action="store_true", help="train.compile (CUDA only)")
     ap.add_argument("--cuda-graphs", action="store_true", help="train.cuda_graphs (with --compile; CUDA only)")
+    ap.add_argument("--compile-scope", default="layers", choices=["layers", "model"], help="train.compile_scope")
+    ap.add_argument("--compile-shapes", default="auto", choices=["auto", "static"],
+                    help="train.compile_dynamic: auto = null (automatic dynamic), static = false")
     ap.add_argument("--decoding", default="auto", choices=["auto", "host", "static", "graphs"],
                     help="eval.decoding: the beam search implementation of the evaluate stage")
     ap.add_argument("--jobs", type=int, default=1, help="cells trained at once on the device")
@@ -166,7 +170,8 @@ def main() -> None:
     mfu = sum(c["mfu"] for c in costs) if all(c["mfu"] is not None for c in costs) else None
     results = {
         "config": {"budget_s": args.budget_s, "length_buckets": args.buckets, "compile": args.compile,
-                   "cuda_graphs": args.cuda_graphs, "decoding": args.decoding, "jobs": args.jobs, "small": args.small, "model": params["tasks"][TASK]["model"],
+                   "cuda_graphs": args.cuda_graphs, "compile_scope": args.compile_scope,
+                   "compile_shapes": args.compile_shapes, "decoding": args.decoding, "jobs": args.jobs, "small": args.small, "model": params["tasks"][TASK]["model"],
                    "batch_tokens": params["tasks"][TASK]["train"]["batch_tokens"]},
         "cost": dict(cost, tokens_per_s=tok_s, mfu=mfu), "per_job_cost": costs,
         "steps": metrics["steps"], "epochs": metrics["epochs"], "train_tokens": metrics["train_tokens"],
@@ -178,13 +183,15 @@ def main() -> None:
             ["model", "base (params.yaml)" if not args.small else "d{d_model}/{enc_layers}+{dec_layers}".format(
                 **params["tasks"][TASK]["model"])],
             ["train.length_buckets", args.buckets], ["train.compile", args.compile or args.cuda_graphs],
-            ["train.cuda_graphs", args.cuda_graphs], ["eval.decoding", args.decoding],
+            ["train.cuda_graphs", args.cuda_graphs],
+            ["train.compile_scope / shapes", f"{args.compile_scope} / {args.compile_shapes}"],
+            ["eval.decoding", args.decoding],
             ["as run: compiled / CUDA graphs / decoding", f"{cost.get('compiled')} / {cost.get('cuda_graphs')} / "
                                                           f"{ev_info.get('decoding')}"],
             ["training budget s", args.budget_s], ["steps (cell 1)", metrics["steps"]],
             ["target tok/s (all cells)", tok_s], ["MFU (all cells)", f"{100 * mfu:.1f} %" if mfu is not None else None],
             ["padding fraction", f"{100 * cost['pad_fraction']:.1f} %"], ["batch shapes", cost["batch_shapes"]],
-            ["first-step-of-shape (warm-up) s", cost["warmup_s"]],
+            ["first-step-of-shape (warm-up) s", cost["warmup_s"]], ["graphs compiled", cost.get("compiled_graphs")],
             ["device-s per epoch (cell 1)", results["device_s_per_epoch"]],
             ["evaluate stage wall s", eval_wall], [f"decode_all s ({n_test} test sentences, beam "
                                                    f"{params['tasks'][TASK]['eval']['beam_size']})", decode_s],

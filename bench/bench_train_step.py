@@ -11,6 +11,8 @@ dropout inside the FFN, and attention dropout (ours defaults to 0), so both do t
 Variants run interleaved in one process (ours-sdpa, ours-explicit, ref, repeat), and each reports
 the median of >= 10 timed steps after warm-up. "head share" is the output projection's part of the
 FLOPs: work both models share, which bounds how far below 1 the ratio can go.
+On GPU a fourth variant, ours-sdpa-bf16-residual, is ours-sdpa with model.residual_dtype "compute"
+(the residual stream and LayerNorm outputs in bf16 rather than fp32 under autocast).
 
 Targets: ours/ref step-time ratio <= 0.85 on CPU; on GPU, MFU >= 45 % for d512/6+6, where
 MFU = 3 * flops_per_token * target tokens/s / measured bf16 matmul peak.
@@ -137,7 +139,9 @@ def main() -> None:
     ap.add_argument("--no-cudnn-sdp", action="store_true", help="CUDA: keep SDPA off its cuDNN backend")
     ap.add_argument("--profile", action="store_true", help="append torch.profiler top ops per variant")
     ap.add_argument("--top", type=int, default=12, help="rows per profile table")
-    ap.add_argument("--variants", nargs="*", help="subset of ours-sdpa ours-explicit torch.nn.Transformer")
+    ap.add_argument("--variants", nargs="*", help="subset of ours-sdpa ours-explicit ours-sdpa-bf16-residual "
+                                                  "torch.nn.Transformer (default all; the bf16 residual on GPU only)")
+    ap.add_argument("--name", default="train_step", help="report name under --out")
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--out", default=str(OUT_DIR), help="directory for train_step.json/.md")
     args = ap.parse_args()
@@ -152,9 +156,11 @@ def main() -> None:
     warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     vocab = 1000 if args.quick and args.vocab == 8000 else args.vocab
     peak = peak_bf16_flops(device) if gpu else None
-    variants = {"ours-sdpa": ("ours", "sdpa"), "ours-explicit": ("ours", "explicit"),
-                "torch.nn.Transformer": ("ref", "sdpa")}
-    variants = {v: variants[v] for v in (args.variants or variants)}
+    # (model, attention_impl, model.residual_dtype); a bf16 residual stream needs autocast: GPU only by default
+    variants = {"ours-sdpa": ("ours", "sdpa", "float32"), "ours-explicit": ("ours", "explicit", "float32"),
+                "ours-sdpa-bf16-residual": ("ours", "sdpa", "compute"), "torch.nn.Transformer": ("ref", "sdpa", "float32")}
+    default = [v for v in variants if gpu or variants[v][2] == "float32"]
+    variants = {v: variants[v] for v in (args.variants or default)}
 
     rows, results, profiles = [], [], ""
     for name, (d, h, ne, nd) in configs.items():
@@ -162,9 +168,9 @@ def main() -> None:
                       dropout=args.dropout, pad_id=PAD, bos_id=BOS, eos_id=EOS)
         batch = make_batch(B, L, L, vocab, device)
         fpt = flops_per_token(ModelConfig(**cfg_kw), L, L)
-        step_fns = {v: make_step(build(kind, ModelConfig(**cfg_kw, attention_impl=impl), device,
-                                                 args.compile, args.compile_mode),
-                                 batch, device) for v, (kind, impl) in variants.items()}
+        step_fns = {v: make_step(build(kind, ModelConfig(**cfg_kw, attention_impl=impl, residual_dtype=residual),
+                                       device, args.compile, args.compile_mode),
+                                 batch, device) for v, (kind, impl, residual) in variants.items()}
         times = {v: [] for v in variants}
         for rep in range(warmup + steps):       # interleaved A/B/C: load drifts hit every variant alike
             for v, fn in step_fns.items():
@@ -199,7 +205,7 @@ def main() -> None:
              f"{', cuDNN SDPA off' if args.no_cudnn_sdp else ''}; {target}. tokens/s counts target tokens.")
     md = setup + "\n\n" + md_table(["config", "model", "head share", "median ms/step", "min ms", "tokens/s", "÷ ref",
                                     "MFU", "target met"], rows) + "\n" + profiles
-    write_report("train_step", "Training step: ours vs torch.nn.Transformer",
+    write_report(args.name, "Training step: ours vs torch.nn.Transformer",
                  {"device": str(device), "batch": B, "seq_len": L, "vocab": vocab, "steps": steps, "warmup": warmup,
                   "threads": torch.get_num_threads(), "compile": args.compile,
                   "compile_mode": args.compile_mode,

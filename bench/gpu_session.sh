@@ -5,6 +5,8 @@
 #   bash bench/gpu_session.sh a   # beam-search implementations (host / static / CUDA graphs);
 #                                 # one real Multi30k cell: eager, and compile + CUDA graphs
 #   bash bench/gpu_session.sh b   # K real cells sharing the GPU (K = 4, 8): aggregate tok/s and MFU
+#   bash bench/gpu_session.sh c   # compile warm-up per train.compile_scope / compile_dynamic over 8
+#                                 # bucket shapes (+ CUDA graphs); the d512 step with a bf16 residual stream
 #
 # Every benchmark prints its table and writes .md/.json (machine, versions, command in the header)
 # under $DEST (default bench/results/h100; on the device machine pass DEST=$OUT to get them back).
@@ -32,8 +34,14 @@ case "${1:-}" in
     run bench/bench_real_cell.py --budget-s "$BUDGET" --jobs 8 --compile --cuda-graphs --decoding graphs \
       --name real_cell_jobs8_compile_graphs --out "$DEST"
     ;;
+  c)
+    run bench/bench_compile.py --shapes 8 --variants eager,layers/auto,layers/static --name compile_warmup --out "$DEST"
+    run bench/bench_compile.py --shapes 8 --variants layers/auto --cuda-graphs --name compile_warmup_graphs --out "$DEST"
+    run bench/bench_train_step.py --configs d512/6+6 --batch 256 --compile --variants ours-sdpa ours-sdpa-bf16-residual \
+      --name train_step_d512_b256_compile_bf16_residual --out "$DEST"
+    ;;
   *)
-    echo "usage: bash bench/gpu_session.sh a|b" >&2
+    echo "usage: bash bench/gpu_session.sh a|b|c" >&2
     exit 2
     ;;
 esac

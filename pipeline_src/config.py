@@ -37,7 +37,7 @@ class ConfigError(ValueError):
 MODEL_DEFAULTS: dict[str, Any] = dict(
     arch="encoder_decoder", d_model=512, n_heads=8, enc_layers=6, dec_layers=6, d_ff=2048,
     dropout=0.1, attention_dropout=0.0, pos_encoding="sinusoidal", max_len=1024, residual=True,
-    norm="post", activation="relu", tie_embeddings=True, attention_impl="sdpa",
+    norm="post", activation="relu", tie_embeddings=True, attention_impl="sdpa", residual_dtype="float32",
 )
 
 
@@ -72,6 +72,12 @@ class TrainConfig:
     # With compile on CUDA: replay each static batch shape's compiled step as a CUDA graph
     # (torch.compile mode "reduce-overhead"); needs length_buckets for seq2seq tasks.
     cuda_graphs: bool = False
+    # What compile compiles (pipeline_src/compiling.py): "layers" = one encoder and one decoder
+    # layer, reused by every layer of a stack (short warm-up); "model" = the whole graph.
+    compile_scope: str = "layers"
+    # null = torch's automatic dynamic shapes (two compilations per region, whatever the number
+    # of batch shapes); false = one static compilation per shape.
+    compile_dynamic: bool | None = None
 
 
 @dataclass(frozen=True)

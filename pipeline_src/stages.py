@@ -23,7 +23,7 @@ CODE_PATTERNS = {
     "download": ["pipeline_src/data/__init__.py", "pipeline_src/data/download.py", "pipeline_src/data/demo.py"],
     "filter": ["pipeline_src/data/__init__.py", "pipeline_src/data/filter.py"],
     "bpe": ["pipeline_src/data/__init__.py", "pipeline_src/data/tokens.py", "pipeline_src/bpe.py"],
-    "train": ["pipeline_src/train.py", "pipeline_src/optim.py", "pipeline_src/screening.py", _MODEL],
+    "train": ["pipeline_src/train.py", "pipeline_src/compiling.py", "pipeline_src/optim.py", "pipeline_src/screening.py", _MODEL],
     "evaluate": ["pipeline_src/evaluate.py", "pipeline_src/metrics.py", _MODEL],
     "promote": ["pipeline_src/screening.py", "pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
     "aggregate": ["pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],

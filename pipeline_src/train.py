@@ -12,6 +12,7 @@ outcome, resolved config, provenance), train_log.tsv, cost.json (wall clock).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -22,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from . import batching, screening
+from .compiling import compile_for_training, compiled_graphs, eager, token_loss
 from .common import (StageError, atomic_dir, cpu_name, atomic_write_json, atomic_write_text, progress, provenance,
                      seed_everything)
 from .config import CellConfig, Study
@@ -86,13 +87,11 @@ def target_tokens(batch: dict) -> int:
     return int((batch["tgt_out"] != PAD).sum())
 
 
-def sequence_loss(model, batch: dict, label_smoothing: float = 0.0, reduction: str = "sum") -> torch.Tensor:
+def sequence_loss(model, batch: dict, label_smoothing: float = 0.0, reduction: str = "sum",
+                  loss_fn=token_loss) -> torch.Tensor:
     """Summed cross-entropy over the target tokens (PAD ignored)."""
     logits = model(batch["src"], batch["tgt_in"], unpadded=batch.get("unpadded", False))
-    target = batch["tgt_out"]
-    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=PAD,
-                           label_smoothing=label_smoothing, reduction=reduction)
-    return loss
+    return loss_fn(logits, batch["tgt_out"], label_smoothing, reduction)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,20 +243,18 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     # torch._dynamo (pipeline_src/optim.py). The schedule sets the lr before every step.
     optimizer = adamw(model.parameters(), device, lr=learning_rate(1, t), betas=t.betas, eps=t.eps,
                       weight_decay=t.weight_decay)
-    # Token-budget batches change shape every step, and each new shape costs a compilation until
-    # torch marks the sizes dynamic: measured on an H100 host with the base model, 12 steps in a
-    # 150 s budget (eager: 2165); dynamic=True from the start was worse (one 150 s compilation).
-    # With train.length_buckets the shapes are a fixed few: one static compilation per bucket
-    # (cost.json: batch_shapes, warmup_s), and the recompile limit must let every bucket compile.
-    # train.cuda_graphs: each bucket's compiled step is also captured as a CUDA graph and replayed
-    # (torch's "reduce-overhead" mode), which removes the per-kernel launch cost small models pay.
-    step_fn, graphs = model, False
+    # train.compile: torch.compile, scoped and shaped so that its warm-up stays short
+    # (pipeline_src/compiling.py; cost.json: compiled_graphs, warmup_s, batch_shapes).
+    # train.cuda_graphs: each compiled region is also replayed as a CUDA graph per shape (torch's
+    # "reduce-overhead" mode), which removes the per-kernel launch cost small models pay.
+    step_fn, loss_fn, compiled, graphs = model, token_loss, False, False
     if t.compile and device.type == "cuda":
-        if t.length_buckets:
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
-        graphs = t.cuda_graphs
-        step_fn = torch.compile(model, dynamic=False if t.length_buckets or graphs else None,
-                                mode="reduce-overhead" if graphs else None)
+        compiled, graphs = True, t.cuda_graphs
+        step_fn, loss_fn = compile_for_training(model, t.compile_scope, t.compile_dynamic, graphs)
+
+    def validate() -> float:
+        with eager() if compiled else contextlib.nullcontext():
+            return validation_loss(model, data, device, t.precision)
     if world > 1:
         step_fn = torch.nn.parallel.DistributedDataParallel(step_fn, device_ids=[device.index] if device.type == "cuda" else None)
 
@@ -330,7 +327,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
             torch.compiler.cudagraph_mark_step_begin()
         for part in parts:
             with autocast(device, t.precision):
-                loss = sequence_loss(step_fn, batching.to_device(part, device), t.label_smoothing)
+                loss = sequence_loss(step_fn, batching.to_device(part, device), t.label_smoothing, loss_fn=loss_fn)
             # DDP averages gradients over ranks; scaling by `world` turns that into the sum, so the
             # gradient is that of the global batch's mean token loss, as in one process.
             (loss * world / total_tokens).backward()
@@ -352,7 +349,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
                "mem_mb": _memory_mb(device)}
         bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
         if evaluate_now:
-            val = validation_loss(model, data, device, t.precision)
+            val = validate()
             row["val_loss"] = val
             if val < state["best_val"]:
                 state.update(best_val=val, best_step=step, bad_evals=0)
@@ -386,7 +383,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         return
 
     if "final_val" not in state:  # stopped by a budget before the first evaluation
-        state["final_val"] = validation_loss(model, data, device, t.precision)
+        state["final_val"] = validate()
         if state["final_val"] < state["best_val"]:
             state.update(best_val=state["final_val"], best_step=state["step"])
             _save(scratch / "best.pt", _weights(model))
@@ -422,7 +419,8 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         "cpu_count": os.cpu_count(), "peak_mem_mb": _memory_mb(device, peak=True), "precision": _precision_name(device, t.precision),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
         "resumed_from_step": resumed_from, "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
-        "warmup_s": meter.warmup_s, "compiled": step_fn is not model, "cuda_graphs": graphs})
+        "warmup_s": meter.warmup_s, "compiled": compiled, "cuda_graphs": graphs,
+        "compile_scope": t.compile_scope if compiled else None, "compiled_graphs": compiled_graphs() if compiled else 0})
     shutil.rmtree(scratch, ignore_errors=True)
     print(f"trained {task}/{cell_name}/seed{seed}: {state['step']} steps, best val loss {state['best_val']:.4f} "
           f"(step {state['best_step']}), {tokens_per_s:.0f} tok/s on {device}", flush=True)

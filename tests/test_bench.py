@@ -13,11 +13,14 @@ MIRROR = Path(os.environ.get("PIPELINE_DATA_MIRROR", ROOT.parent / "shared" / "d
 
 
 @pytest.mark.parametrize("bench,record", [("bench_train_step.py", "train_step.json"), ("bench_decode.py", "decode.json"),
+                                          ("bench_compile.py", "compile_warmup.json"),
                                           pytest.param("bench_real_cell.py", "real_cell.json", marks=pytest.mark.skipif(
                                               not (MIRROR / "multi30k").is_dir(), reason="needs the mirror's Multi30k"))])
 def test_benchmark_quick_run_writes_its_record(bench, record, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_QUIET="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--quick", "--out", str(tmp_path)],
+    # bench_compile: one compiled variant over two shapes (each variant is two fresh processes)
+    extra = ["--variants", "layers/auto", "--shapes", "2"] if bench == "bench_compile.py" else []
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--quick", "--out", str(tmp_path), *extra],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / record).read_text())
@@ -25,5 +28,8 @@ def test_benchmark_quick_run_writes_its_record(bench, record, tmp_path):
     if bench == "bench_decode.py":  # every beam-search implementation decodes the same hypotheses
         assert {r["impl"] for r in data["beam_implementations"]} >= {"host", "static"}
         assert all(r["identical_to_host"] == 1.0 for r in data["beam_implementations"])
+    if bench == "bench_compile.py":  # both runs of the variant compiled its regions and stepped every shape
+        (result,) = data["results"]
+        assert result["cold"]["graphs_compiled"] > 0 and len(result["warm_cache"]["shapes"]) == 2
     if bench == "bench_real_cell.py":  # the real train + evaluate stages ran on the mirror's Multi30k
         assert data["steps"] > 0 and data["decode_sentences"] > 0 and data["cost"]["tokens_per_s"] > 0

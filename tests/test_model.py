@@ -805,3 +805,35 @@ def test_eval_decoding_setting_picks_the_beam_search_that_can_run_here():
     assert decoding_method(ev("graphs"), make("encoder_decoder"), cpu) == "static"   # CUDA graphs need CUDA
     assert decoding_method(ev("graphs"), make("encoder_decoder"), cuda) == "graphs"
     assert decoding_method(ev("graphs"), make("encoder_only"), cuda) == "host"       # no causal decoder
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only", "encoder_only"])
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_compute_dtype_residual_stream(arch, norm):
+    """model.residual_dtype "compute": under autocast every layer's output (the residual stream)
+    is bf16, and the logits stay close to the fp32-residual model's; without autocast the two
+    models are the same model, bit for bit."""
+    src = None if arch != "encoder_decoder" else rand_ids(3, 7, seed=1)
+    tgt = rand_ids(3, 6, seed=2)
+    plain, low = make(arch, norm=norm), make(arch, norm=norm, residual_dtype="compute")
+    assert torch.equal(plain(src, tgt), low(src, tgt))
+
+    def layer_dtypes(model):
+        seen = []
+        hooks = [m.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+                 for m in model.modules() if type(m).__name__ in ("EncoderLayer", "DecoderLayer")]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(src, tgt)
+        for h in hooks:
+            h.remove()
+        return seen, logits.float()
+
+    plain_dtypes, plain_logits = layer_dtypes(plain)
+    low_dtypes, low_logits = layer_dtypes(low)
+    assert set(plain_dtypes) == {torch.float32} and set(low_dtypes) == {torch.bfloat16}
+    torch.testing.assert_close(low_logits.log_softmax(-1), plain_logits.log_softmax(-1), atol=0.1, rtol=0.05)
+
+
+def test_residual_dtype_must_be_known():
+    with pytest.raises(ValueError, match="model.residual_dtype"):
+        make(residual_dtype="bfloat16")

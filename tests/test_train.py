@@ -138,8 +138,8 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_good_stat
     real_loss = train_mod.sequence_loss
     calls = {"n": 0}
 
-    def poisoned(model, batch, label_smoothing=0.0, reduction="sum"):
-        loss = real_loss(model, batch, label_smoothing, reduction)
+    def poisoned(model, batch, label_smoothing=0.0, reduction="sum", **kwargs):
+        loss = real_loss(model, batch, label_smoothing, reduction, **kwargs)
         if model.training:
             calls["n"] += 1
             if calls["n"] == 8:  # after the state saved at step 5

@@ -13,6 +13,7 @@ POS_ENCODINGS = ("sinusoidal", "learned", "none", "rope")
 NORMS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")
 ATTENTION_IMPLS = ("explicit", "sdpa")
+RESIDUAL_DTYPES = ("float32", "compute")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class ModelConfig:
     activation: str = "relu"            # "relu" | "gelu"
     tie_embeddings: bool = True         # share src/tgt embeddings and output projection (shared vocab)
     attention_impl: str = "explicit"    # "explicit" (written-out softmax(QK^T/sqrt(d_k))V) | "sdpa"
+    # "compute": under autocast, the residual stream (embeddings, sub-layer sums, LayerNorm outputs)
+    # is kept in autocast's dtype (bf16) instead of fp32, halving the bytes of the memory-bound
+    # add + dropout + LayerNorm kernels; LayerNorm still computes in fp32. No effect without autocast.
+    residual_dtype: str = "float32"     # "float32" | "compute"
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
@@ -53,6 +58,7 @@ class ModelConfig:
         choice("norm", NORMS)
         choice("activation", ACTIVATIONS)
         choice("attention_impl", ATTENTION_IMPLS)
+        choice("residual_dtype", RESIDUAL_DTYPES)
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             at_least(name, 1)
         # A stack the chosen architecture actually uses must have at least one layer.

@@ -22,6 +22,15 @@ from .attention import MultiHeadAttention
 from .config import ModelConfig
 
 
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm that returns its input's dtype. Autocast computes layer_norm in fp32 and
+    returns fp32; with model.residual_dtype "compute" the residual stream is bf16 and must stay
+    so. For an fp32 input this is nn.LayerNorm exactly."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x).to(x.dtype)
+
+
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position alone   (Eq. 2)."""
 
@@ -46,7 +55,7 @@ class _Layer(nn.Module):
         # sub-layer input and normalized" (§5.4).
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def _sublayer(self, x: Tensor, norm: nn.LayerNorm, fn) -> Tensor:
+    def _sublayer(self, x: Tensor, norm: LayerNorm, fn) -> Tensor:
         if self.pre_norm:
             y = self.dropout(fn(norm(x)))
             return x + y if self.residual else y
@@ -61,8 +70,8 @@ class EncoderLayer(_Layer):
         super().__init__(cfg)
         self.self_attn = MultiHeadAttention(cfg)
         self.ffn = FeedForward(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.norm2 = nn.LayerNorm(cfg.d_model)
+        self.norm1 = LayerNorm(cfg.d_model)
+        self.norm2 = LayerNorm(cfg.d_model)
 
     def forward(self, x: Tensor, mask: Tensor, positions: Tensor) -> Tensor:
         x = self._sublayer(x, self.norm1, lambda h: self.self_attn(h, mask=mask, positions=positions))
@@ -80,9 +89,9 @@ class DecoderLayer(_Layer):
         self.self_attn = MultiHeadAttention(cfg)
         self.cross_attn = MultiHeadAttention(cfg, cross=True) if cross else None
         self.ffn = FeedForward(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model)
-        self.norm2 = nn.LayerNorm(cfg.d_model) if cross else None
-        self.norm3 = nn.LayerNorm(cfg.d_model)
+        self.norm1 = LayerNorm(cfg.d_model)
+        self.norm2 = LayerNorm(cfg.d_model) if cross else None
+        self.norm3 = LayerNorm(cfg.d_model)
 
     def forward(self, x: Tensor, self_mask: Tensor | None, positions: Tensor, memory: Tensor | None = None,
                 cross_mask: Tensor | None = None, cache: dict | None = None) -> Tensor:
@@ -103,7 +112,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig, n_layers: int):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(n_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+        self.final_norm = LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
 
     def forward(self, x: Tensor, mask: Tensor, positions: Tensor) -> Tensor:  # (B, S, D) -> (B, S, D)
         for layer in self.layers:
@@ -117,7 +126,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, n_layers: int, cross: bool = True):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg, cross) for _ in range(n_layers))
-        self.final_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
+        self.final_norm = LayerNorm(cfg.d_model) if cfg.norm == "pre" else None
 
     def new_cache(self) -> list[dict]:
         """One empty key/value cache per layer, for incremental decoding."""

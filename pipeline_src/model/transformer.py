@@ -80,7 +80,9 @@ class Transformer(nn.Module):
             if positions is None:
                 positions = positions_from_mask(ids != self.cfg.pad_id)
             x = x + self.positions(positions)
-        return self.embed_dropout(x)
+        x = self.embed_dropout(x)
+        # model.residual_dtype "compute": the residual stream starts in autocast's dtype (bf16)
+        return x.to(compute_dtype(x)) if self.cfg.residual_dtype == "compute" else x
 
     # --- the two halves ---------------------------------------------------------------------
 
