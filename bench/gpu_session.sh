@@ -8,6 +8,9 @@
 #   bash bench/gpu_session.sh c   # compile warm-up per train.compile_scope / compile_dynamic over 8
 #                                 # bucket shapes (+ CUDA graphs); the d512 step with a bf16 residual stream
 #
+# On a lent machine (bare: no datasets, rouge-score, jsonschema, Snakemake, no mirror), prepare here
+# first with `bash bench/gpu_carry.sh`, carry [".whl", ".mirror"], and start the command with the
+# prefix it prints.
 # Every benchmark prints its table and writes .md/.json (machine, versions, command in the header)
 # under $DEST (default bench/results/h100; on the device machine pass DEST=$OUT to get them back).
 # BUDGET_S (default 45) is each real cell's training budget.

@@ -9,7 +9,8 @@
 # report.pdf/.tex, results/summary/significance/claims/references CSVs, the cost table, the exact
 # command, wall time and GPU-seconds, stage times, versions, and dvc.lock (hashes of every output,
 # recorded by `dvc commit` after the timed run). Needs the offline mirror in ../shared/datasets
-# (or PIPELINE_DATA_MIRROR) and a CUDA device.
+# (or PIPELINE_DATA_MIRROR) and a CUDA device. On a lent device machine, which starts bare, run
+# `bash bench/gpu_carry.sh` here first and follow what it prints (wheels and the mirror travel).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 PARAMS=workflow/studies/gpu/params.yaml
