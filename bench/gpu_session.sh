@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_session.sh a   # beam-search implementations (host / static / CUDA graphs);
 #                                 # one real Multi30k cell: eager, and compile + CUDA graphs
-#   bash bench/gpu_session.sh b   # K real cells sharing the GPU (K = 4, 8): aggregate tok/s and MFU
+#   bash bench/gpu_session.sh b   # K real cells sharing the GPU (K = 4, 8, 2): aggregate tok/s and MFU
 #   bash bench/gpu_session.sh c   # compile warm-up per train.compile_scope / compile_dynamic over 8
 #                                 # bucket shapes (+ CUDA graphs); the d512 step with a bf16 residual stream
 #
@@ -36,6 +36,8 @@ case "${1:-}" in
       --name real_cell_jobs4_compile_graphs --out "$DEST"
     run bench/bench_real_cell.py --budget-s "$BUDGET" --jobs 8 --compile --cuda-graphs --decoding graphs \
       --name real_cell_jobs8_compile_graphs --out "$DEST"
+    run bench/bench_real_cell.py --budget-s "$BUDGET" --jobs 2 --compile --cuda-graphs --decoding graphs \
+      --name real_cell_jobs2_compile_graphs --out "$DEST"
     ;;
   c)
     run bench/bench_compile.py --shapes 8 --variants eager,layers/auto,layers/static --name compile_warmup --out "$DEST"
