@@ -17,7 +17,7 @@ On GPU a fourth variant, ours-sdpa-bf16-residual, is ours-sdpa with model.residu
 Targets: ours/ref step-time ratio <= 0.85 on CPU; on GPU, MFU >= 45 % for d512/6+6, where
 MFU = 3 * flops_per_token * target tokens/s / measured bf16 matmul peak.
 
-    python bench/bench_train_step.py [--quick] [--compile] [--profile] [--device cpu|cuda]
+    python bench/bench_train_step.py [--quick] [--compile [--compile-scope model|layers]] [--profile] [--device cpu|cuda]
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ import torch.nn as nn
 from pipeline_src.data.tokens import BOS, EOS, PAD
 from pipeline_src.model import ModelConfig, Transformer, flops_per_token
 from pipeline_src.model.positions import SinusoidalPositions, TokenEmbedding, positions_from_mask
+from pipeline_src.compiling import compile_for_training, token_loss
 from pipeline_src.train import sequence_loss
 
 CONFIGS = {  # name: (d_model, heads, enc_layers, dec_layers); d_ff = 4 d_model
@@ -86,9 +87,10 @@ def make_batch(B: int, S: int, T: int, vocab: int, device, seed: int = 0) -> dic
             "tgt_out": tgt[:, 1:].contiguous().to(device)}
 
 
-def make_step(model, batch, device):
+def make_step(built, batch, device):
     """One timed training step as pipeline_src/train.py does it: fused AdamW on CUDA (foreach
     on CPU), token count from the host-side batch, so nothing waits on the GPU mid-step."""
+    model, loss_fn = built
     fused = device.type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=not fused, fused=fused)
     n_tokens = int((batch["tgt_out"] != PAD).sum())
@@ -98,7 +100,7 @@ def make_step(model, batch, device):
         tick = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with autocast(device):
-            loss = sequence_loss(model, batch, label_smoothing=0.1)
+            loss = sequence_loss(model, batch, label_smoothing=0.1, loss_fn=loss_fn)
         (loss / n_tokens).backward()
         opt.step()
         sync(device)
@@ -106,10 +108,17 @@ def make_step(model, batch, device):
     return step
 
 
-def build(kind: str, cfg: ModelConfig, device, compile_: bool, mode: str | None = None):
+def build(kind: str, cfg: ModelConfig, device, compile_: bool, mode: str | None = None, scope: str = "model"):
+    """(the model a step runs, its loss function). --compile-scope layers compiles ours as the
+    train stage does (pipeline_src/compiling.py: one layer per stack and the loss; one static
+    shape here); the reference is always compiled whole."""
     torch.manual_seed(0)
     model = (Reference(cfg) if kind == "ref" else Transformer(cfg)).to(device).train()
-    return torch.compile(model, mode=mode) if compile_ else model
+    if not compile_:
+        return model, token_loss
+    if kind == "ours" and scope == "layers":
+        return compile_for_training(model, "layers", False, graphs=mode == "reduce-overhead")
+    return torch.compile(model, mode=mode), token_loss
 
 
 def profile(name, step, n: int = 3, top: int = 12) -> str:
@@ -136,6 +145,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 with --quick)")
     ap.add_argument("--compile", action="store_true", help="torch.compile every variant")
     ap.add_argument("--compile-mode", default=None, help="torch.compile mode, e.g. reduce-overhead (CUDA graphs)")
+    ap.add_argument("--compile-scope", default="model", choices=["model", "layers"],
+                    help="ours compiled whole (as in the committed H100 figures) or as train.compile_scope layers")
     ap.add_argument("--no-cudnn-sdp", action="store_true", help="CUDA: keep SDPA off its cuDNN backend")
     ap.add_argument("--profile", action="store_true", help="append torch.profiler top ops per variant")
     ap.add_argument("--top", type=int, default=12, help="rows per profile table")
@@ -169,7 +180,7 @@ def main() -> None:
         batch = make_batch(B, L, L, vocab, device)
         fpt = flops_per_token(ModelConfig(**cfg_kw), L, L)
         step_fns = {v: make_step(build(kind, ModelConfig(**cfg_kw, attention_impl=impl, residual_dtype=residual),
-                                       device, args.compile, args.compile_mode),
+                                       device, args.compile, args.compile_mode, args.compile_scope),
                                  batch, device) for v, (kind, impl, residual) in variants.items()}
         times = {v: [] for v in variants}
         for rep in range(warmup + steps):       # interleaved A/B/C: load drifts hit every variant alike
@@ -202,13 +213,14 @@ def main() -> None:
              f"{' (bf16 autocast)' if gpu else f', {torch.get_num_threads()} threads'}"
              f"{', torch.compile' if args.compile else ''}"
              f"{f' (mode {args.compile_mode})' if args.compile_mode else ''}"
+             f"{', ours compiled per layer + loss' if args.compile and args.compile_scope == 'layers' else ''}"
              f"{', cuDNN SDPA off' if args.no_cudnn_sdp else ''}; {target}. tokens/s counts target tokens.")
     md = setup + "\n\n" + md_table(["config", "model", "head share", "median ms/step", "min ms", "tokens/s", "÷ ref",
                                     "MFU", "target met"], rows) + "\n" + profiles
     write_report(args.name, "Training step: ours vs torch.nn.Transformer",
                  {"device": str(device), "batch": B, "seq_len": L, "vocab": vocab, "steps": steps, "warmup": warmup,
                   "threads": torch.get_num_threads(), "compile": args.compile,
-                  "compile_mode": args.compile_mode,
+                  "compile_mode": args.compile_mode, "compile_scope": args.compile_scope,
                   "cudnn_sdp": not args.no_cudnn_sdp, "peak_bf16_flops": peak, "cpu_target_ratio": CPU_TARGET,
                   "mfu_target": MFU_TARGET, "results": results}, md, quick=args.quick, out_dir=args.out)
 

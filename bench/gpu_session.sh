@@ -5,7 +5,7 @@
 #   bash bench/gpu_session.sh a   # beam-search implementations (host / static / CUDA graphs);
 #                                 # one real Multi30k cell: eager, and compile + CUDA graphs
 #   bash bench/gpu_session.sh b   # K real cells sharing the GPU (K = 4, 8, 2): aggregate tok/s and MFU
-#   bash bench/gpu_session.sh c   # compile warm-up per train.compile_scope / compile_dynamic over 8
+#   bash bench/gpu_session.sh c   # compile warm-up per train.compile_scope / compile_dynamic over 6
 #                                 # bucket shapes (+ CUDA graphs); the d512 step with a bf16 residual stream
 #
 # On a lent machine (bare: no datasets, rouge-score, jsonschema, Snakemake, no mirror), prepare here
@@ -40,10 +40,12 @@ case "${1:-}" in
       --name real_cell_jobs2_compile_graphs --out "$DEST"
     ;;
   c)
-    run bench/bench_compile.py --shapes 8 --variants eager,layers/auto,layers/static --name compile_warmup --out "$DEST"
-    run bench/bench_compile.py --shapes 8 --variants layers/auto --cuda-graphs --name compile_warmup_graphs --out "$DEST"
+    run bench/bench_compile.py --shapes 6 --variants eager,layers/auto,layers/static --name compile_warmup --out "$DEST"
+    run bench/bench_compile.py --shapes 6 --variants layers/auto --cuda-graphs --name compile_warmup_graphs --out "$DEST"
     run bench/bench_train_step.py --configs d512/6+6 --batch 256 --compile --variants ours-sdpa ours-sdpa-bf16-residual \
       --name train_step_d512_b256_compile_bf16_residual --out "$DEST"
+    run bench/bench_train_step.py --configs d512/6+6 --batch 256 --compile --compile-scope layers \
+      --variants ours-sdpa ours-sdpa-bf16-residual --name train_step_d512_b256_compile_layers --out "$DEST"
     ;;
   *)
     echo "usage: bash bench/gpu_session.sh a|b|c" >&2
