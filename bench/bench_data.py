@@ -13,7 +13,6 @@ Writes reports/bench/data.json (machine, versions, date, numbers) and reports/be
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import gzip
 import json

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU-speed measurements (issue 11) for a lent GPU, in two parts that each fit one 10-minute
+# The GPU-speed measurements (issue 11) for a lent GPU, in three parts that each fit one 10-minute
 # device call. From the repository root, with the project's packages importable:
 #
 #   bash bench/gpu_session.sh a   # beam-search implementations (host / static / CUDA graphs);
