@@ -50,14 +50,14 @@ def compile_for_training(model: torch.nn.Module, scope: str = "layers", dynamic:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 256)
     if scope == "model":
         return torch.compile(model, dynamic=dynamic, mode=mode, backend=backend), token_loss
-    for stack in (model.encoder, model.decoder):
-        for layer in stack.layers if stack is not None else ():
+    for stack in (s for s in (model.encoder, model.decoder) if s is not None):
+        for layer in stack.layers:
             layer.compile(dynamic=dynamic, mode=mode, backend=backend)
     return model, torch.compile(token_loss, dynamic=dynamic, mode=mode, backend=backend)
 
 
 def eager():
-    """A context in which every compiled region runs eagerly (validation, decoding in-process)."""
+    """A context in which every compiled region runs eagerly (validation inside the train stage)."""
     return torch.compiler.set_stance("force_eager")
 
 
