@@ -41,7 +41,7 @@ def mirror_dir() -> Path:
 
 
 def stage(work: Path, *args: str) -> float:
-    env = dict(tool_env(), PYTHONPATH=str(REPO))
+    env = tool_env(REPO)
     tick = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pipeline_src", *args, "--params", "study.yaml"], cwd=work, env=env,
                           capture_output=True, text=True)
@@ -138,7 +138,7 @@ def main() -> None:
         params = write_study(work, args, cuda)
         prep = sum(stage(work, *a) for a in (["download", "--dataset", "multi30k"], ["filter", "--task", TASK],
                                              ["bpe", "--task", TASK]))
-        env = dict(tool_env(), PYTHONPATH=str(REPO))
+        env = tool_env(REPO)
         tick = time.perf_counter()
         procs = [subprocess.Popen([sys.executable, "-m", "pipeline_src", "train", "--params", "study.yaml", "--task", TASK,
                                    "--cell", "baseline", "--seed", str(s)], cwd=work, env=env,

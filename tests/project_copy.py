@@ -1,5 +1,7 @@
 """A copy of the project's files (tracked and untracked-but-not-ignored), for tests that run
-Snakemake, DVC or git on a repository of their own without touching the checkout."""
+Snakemake, DVC or git on a repository of their own without touching the checkout; and the
+environment for tests that run this checkout's stages in a subprocess."""
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,3 +17,10 @@ def copy_project(dest: Path) -> Path:
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, dest / f)
     return dest
+
+
+def checkout_env(**extra) -> dict:
+    """os.environ with this checkout first on PYTHONPATH. The caller's entries stay after it: on a bare
+    GPU machine they hold the carried packages (bench/gpu_carry.sh)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, PYTHONPATH=path, PIPELINE_QUIET="1", **extra)

@@ -13,6 +13,7 @@ import yaml
 
 from pipeline_src import batching
 from pipeline_src.data.tokens import PAD
+from project_copy import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
 MIRROR = Path(os.environ.get("PIPELINE_DATA_MIRROR", ROOT.parent / "shared" / "datasets"))
@@ -120,7 +121,7 @@ def test_multi30k_static_buckets_pad_at_most_ten_percent(tmp_path):
              "tasks": {"multi30k_en_de": dict(task, cells=["baseline"])},
              "cells": {"baseline": {"family": "baseline"}}}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(study))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_QUIET="1")
+    env = checkout_env()
     for stage, arg in [("download", ["--dataset", "multi30k"]), ("filter", ["--task", "multi30k_en_de"]),
                        ("bpe", ["--task", "multi30k_en_de"])]:
         subprocess.run([sys.executable, "-m", "pipeline_src", stage, "--params", "p.yaml", *arg], cwd=tmp_path,

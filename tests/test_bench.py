@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from project_copy import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
 MIRROR = Path(os.environ.get("PIPELINE_DATA_MIRROR", ROOT.parent / "shared" / "datasets"))
@@ -17,7 +18,7 @@ MIRROR = Path(os.environ.get("PIPELINE_DATA_MIRROR", ROOT.parent / "shared" / "d
                                           pytest.param("bench_real_cell.py", "real_cell.json", marks=pytest.mark.skipif(
                                               not (MIRROR / "multi30k").is_dir(), reason="needs the mirror's Multi30k"))])
 def test_benchmark_quick_run_writes_its_record(bench, record, tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_QUIET="1")
+    env = checkout_env()
     # bench_compile: one compiled variant over two shapes (each variant is two fresh processes)
     extra = ["--variants", "layers/auto", "--shapes", "2"] if bench == "bench_compile.py" else []
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--quick", "--out", str(tmp_path), *extra],

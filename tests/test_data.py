@@ -31,6 +31,7 @@ from pipeline_src.config import ConfigError, load_study
 from pipeline_src.data import demo, download
 from pipeline_src.data import filter as filt
 from pipeline_src.data.tokens import BOS, EOS, PAD, UNK, load_index, load_sequences, load_spm
+from project_copy import checkout_env
 
 REPO = Path(__file__).resolve().parent.parent
 WORDS = ("the a big small red dog cat sees likes runs fast old new house tree river bird fish "
@@ -470,7 +471,7 @@ def test_cli_exit_codes(tmp_path):
     """Run as `python -m pipeline_src`: ConfigError -> 2, StageError -> 1, one `error:` line."""
     _bad_mirror(tmp_path, "truncated_gzip")
     toy_study(tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PIPELINE_QUIET": "1"}
+    env = checkout_env()
     env.pop("PIPELINE_DATA_MIRROR", None)
     for dataset, code in (("nope", 2), ("toy", 1)):
         proc = subprocess.run([sys.executable, "-m", "pipeline_src", "download", "--params", "toy.yaml",

@@ -1,7 +1,6 @@
 """Training engine: exact resume after SIGKILL, DDP == one process, NaN guard, GPU slots, determinism."""
 import json
 import math
-import os
 import random
 import shutil
 import signal
@@ -18,13 +17,14 @@ from pipeline_src import train as train_mod
 from pipeline_src.common import StageError
 from pipeline_src.config import TrainConfig, load_study
 from pipeline_src.stages import SCRATCH, output_path
+from project_copy import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml"
 
 
 def _env(**extra):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PIPELINE_QUIET="1", PIPELINE_CPU_THREADS="1")
+    env = checkout_env(PIPELINE_CPU_THREADS="1")
     env.update(extra)
     return env
 
