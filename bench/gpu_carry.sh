@@ -13,7 +13,8 @@
 #             (rouge-score, connection-pool): they are built here (pure Python).
 #   .mirror/  a copy of the offline dataset mirror (../shared/datasets, which does not travel).
 #
-# and prints the prefix each device command starts with (carry [".whl", ".mirror"]).
+# and .whl/COMMIT, this checkout's commit (the device copy has no .git), then prints the device
+# commands. Run it again after a commit, just before the device calls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -70,11 +71,13 @@ for spec in $specs; do
   fi
 done
 rm -rf .mirror && cp -r "$MIRROR" .mirror
+# the device copy of the tree has no .git: the commit its products were made from travels here
+echo "$(git rev-parse HEAD)$(git diff --quiet HEAD -- . || echo ' (with uncommitted changes)')" > .whl/COMMIT
 echo "wheels: $(ls .whl | wc -l) in .whl ($(du -sh .whl | cut -f1)); built here:$built"
 echo "mirror: .mirror ($(du -sh .mirror | cut -f1))"
 cat <<'EOF'
-device command prefix (run tool, carry [".whl", ".mirror"]):
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1; export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PIPELINE_DATA_MIRROR=$PWD/.mirror;
-then e.g.  DEST=$OUT bash bench/gpu_session.sh a
-     or    REFERENCE_OUT=$OUT/reference bash workflow/studies/gpu/run.sh
+then, one device call each (run tool, carry [".whl", ".mirror"]; bench/device.sh installs the wheels):
+  bash bench/device.sh a        (b, c: the other parts of bench/gpu_session.sh)
+  bash bench/device.sh study    (again at once while it says "still running")
+and here: bash bench/from_device.sh /work/.device/.../*.tar.gz
 EOF

@@ -8,20 +8,31 @@
 #   bash bench/gpu_session.sh c   # compile warm-up per train.compile_scope / compile_dynamic over 6
 #                                 # bucket shapes (+ CUDA graphs); the d512 step with a bf16 residual stream
 #
-# On a lent machine (bare: no datasets, rouge-score, jsonschema, Snakemake, no mirror), prepare here
-# first with `bash bench/gpu_carry.sh`, carry [".whl", ".mirror"], and start the command with the
-# prefix it prints.
+# On a lent machine (bare: no datasets, rouge-score, jsonschema, Snakemake, no mirror), run it through
+# bench/device.sh, which installs what bench/gpu_carry.sh prepared here and brings every file back
+# in one tarball: `bash bench/device.sh a` (carry [".whl", ".mirror"]).
 # Every benchmark prints its table and writes .md/.json (machine, versions, command in the header)
-# under $DEST (default bench/results/h100; on the device machine pass DEST=$OUT to get them back).
-# BUDGET_S (default 45) is each real cell's training budget.
-set -euo pipefail
+# under $DEST (default bench/results/h100), and the console goes to $DEST/session_<part>.log.
+# BUDGET_S (default 45) is each real cell's training budget. PART_BUDGET_S (default 540) bounds the
+# whole part: a device call is killed at 600 s, so each benchmark gets a `timeout` of what is left,
+# one that fails or times out is logged and the next one still runs, and none starts with < 30 s left.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 DEST=${DEST:-bench/results/h100}
 BUDGET=${BUDGET_S:-45}
+DEADLINE=$(( $(date +%s) + ${PART_BUDGET_S:-540} ))
 export PIPELINE_QUIET=1 PYTHONUNBUFFERED=1
 mkdir -p "$DEST"
-run() { echo "+ python $*"; python "$@"; }
-python -c "import torch, sys; torch.cuda.is_available() or sys.exit('error: no CUDA device')"
+exec > >(tee -a "$DEST/session_${1:-none}.log") 2>&1
+run() {
+  local left=$(( DEADLINE - $(date +%s) ))
+  if (( left < 30 )); then echo "SKIPPED (${left}s left of the part's budget): python $*"; return; fi
+  echo "+ python $*   [$(date -u +%T), ${left}s left]"
+  timeout -s INT -k 15 "$left" python "$@"
+  local rc=$?
+  (( rc == 0 )) || echo "FAILED rc=$rc$( (( rc == 124 || rc == 130 )) && echo ' (out of time)'): python $*"
+}
+[[ ${REQUIRE_CUDA:-1} == 0 ]] || python -c "import torch, sys; torch.cuda.is_available() or sys.exit('error: no CUDA device')" || exit 1
 
 case "${1:-}" in
   a)

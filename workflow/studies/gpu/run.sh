@@ -9,11 +9,14 @@
 # report.pdf/.tex, results/summary/significance/claims/references CSVs, the cost table, the exact
 # command, wall time and GPU-seconds, stage times, versions, and dvc.lock (hashes of every output,
 # recorded by `dvc commit` after the timed run). Needs the offline mirror in ../shared/datasets
-# (or PIPELINE_DATA_MIRROR) and a CUDA device. On a lent device machine, which starts bare, run
-# `bash bench/gpu_carry.sh` here first and follow what it prints (wheels and the mirror travel).
+# (or PIPELINE_DATA_MIRROR) and a CUDA device. On a lent device machine, which starts bare, has
+# no TeX and ends a command at 600 s, run it through `bash bench/device.sh study` (see there).
+# Without latexmk it stops before the PDF (snakemake --omit-from report) and says how to build
+# the PDF elsewhere from the products. STUDY_PARAMS and REQUIRE_CUDA=0 are for a CPU rehearsal
+# of this script with a small study (e.g. workflow/studies/mirror/params.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-PARAMS=workflow/studies/gpu/params.yaml
+PARAMS=${STUDY_PARAMS:-workflow/studies/gpu/params.yaml}
 OUT=${REFERENCE_OUT:-reports/reference/h100}
 K=${GPU_JOBS:-8}
 CORES=${CORES:-$(nproc)}
@@ -21,10 +24,11 @@ RESUME=0
 [[ "${1:-}" == "--resume" ]] && RESUME=1
 [[ -d .venv/bin ]] && export PATH="$PWD/.venv/bin:$PATH"
 export PIPELINE_QUIET=1 PYTHONUNBUFFERED=1
+NAME=$(python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['study'])" "$PARAMS")
 # K training processes share 16 cores: keep each one's CPU thread pools small (their work is on the GPU).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} MKL_NUM_THREADS=${MKL_NUM_THREADS:-2}
 
-python - <<'PY'
+[[ ${REQUIRE_CUDA:-1} == 0 ]] || python - <<'PY'
 import sys, torch
 if not torch.cuda.is_available():
     sys.exit(f"error: torch {torch.__version__} sees no CUDA device; the GPU study needs one (device: cuda)")
@@ -37,52 +41,65 @@ done
 python -m pipeline_src validate --params "$PARAMS"
 
 if [[ $RESUME == 0 ]]; then
-  echo "removing this study's previous outputs: data/gpu reports/gpu logs/gpu"
-  rm -rf data/gpu reports/gpu logs/gpu
+  echo "removing this study's previous outputs: data/$NAME reports/$NAME logs/$NAME"
+  rm -rf "data/$NAME" "reports/$NAME" "logs/$NAME"
 fi
-mkdir -p "$OUT" logs/gpu
+mkdir -p "$OUT" "logs/$NAME"
 export PIPELINE_JOBS_PER_GPU=$K  # K slots on the one GPU (pipeline_src/gpu_slots.py)
 CMD="PIPELINE_JOBS_PER_GPU=$K snakemake --cores $CORES --resources gpu=$K --config params=$PARAMS"
+PDF=1
+if ! command -v latexmk >/dev/null; then
+  PDF=0  # everything up to the report's inputs; the PDF is one stage, run where TeX is
+  CMD="$CMD --omit-from report"
+  echo "no latexmk here: running up to the report's inputs (--omit-from report)"
+fi
 
 # GPU utilisation every 2 s while the study runs (busy GPU-seconds = sum of utilisation x 2 s).
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 \
-  > logs/gpu/gpu_util.csv 2>/dev/null &
+  > "logs/$NAME/gpu_util.csv" 2>/dev/null &
 SMI=$!
 trap 'kill $SMI 2>/dev/null || true' EXIT
 start_utc=$(date -u +%FT%TZ); t0=$(date +%s.%N)
 echo "+ $CMD"
-snakemake --cores "$CORES" --resources gpu="$K" --config params="$PARAMS"
+snakemake --cores "$CORES" --resources gpu="$K" --config params="$PARAMS" $( ((PDF)) || echo --omit-from report)
 t1=$(date +%s.%N); end_utc=$(date -u +%FT%TZ)
 kill $SMI 2>/dev/null || true
 
-echo "recording output hashes in workflow/studies/gpu/dvc.lock (dvc commit; not timed)"
-dvc commit --force workflow/studies/gpu/dvc.yaml >/dev/null 2>&1 \
-  && cp workflow/studies/gpu/dvc.lock "$OUT/dvc.lock" || echo "warning: dvc commit failed; no dvc.lock"
+DVC_YAML=$(dirname "$PARAMS")/dvc.yaml
+if command -v dvc >/dev/null && [[ -f $DVC_YAML ]]; then
+  echo "recording output hashes in ${DVC_YAML%.yaml}.lock (dvc commit; not timed)"
+  dvc commit --force "$DVC_YAML" >/dev/null 2>&1 \
+    && cp "${DVC_YAML%.yaml}.lock" "$OUT/dvc.lock" || echo "warning: dvc commit failed; no dvc.lock"
+else
+  echo "no dvc here (or no $DVC_YAML): no dvc.lock"
+fi
 
-for f in report.pdf report.tex results.csv summary.csv significance.csv claims.csv references.csv; do
-  cp "reports/gpu/$f" "$OUT/$f"
+products="results.csv summary.csv significance.csv claims.csv references.csv"
+((PDF)) && products="report.pdf report.tex $products"
+for f in $products; do
+  cp "reports/$NAME/$f" "$OUT/$f"
 done
-cp reports/gpu/tables/cost.tex "$OUT/cost_table.tex"
-cp logs/gpu/gpu_util.csv "$OUT/gpu_util.csv"
+cp "reports/$NAME/tables/cost.tex" "$OUT/cost_table.tex"
+cp "logs/$NAME/gpu_util.csv" "$OUT/gpu_util.csv"
 echo "$CMD" > "$OUT/command.txt"
 
-python - "$OUT" "$t0" "$t1" "$start_utc" "$end_utc" "$K" "$CORES" "$CMD" "$RESUME" <<'PY'
-import csv, glob, json, os, platform, subprocess, sys
+python - "$OUT" "$t0" "$t1" "$start_utc" "$end_utc" "$K" "$CORES" "$CMD" "$RESUME" "$NAME" <<'PY'
+import csv, glob, json, os, platform, shutil, subprocess, sys
 import pandas as pd
-out, t0, t1, start, end, k, cores, cmd, resume = sys.argv[1:]
-results = pd.read_csv("reports/gpu/results.csv")
+out, t0, t1, start, end, k, cores, cmd, resume, name = sys.argv[1:]
+results = pd.read_csv(f"reports/{name}/results.csv")
 cost_cols = ["task", "cell", "seed", "steps", "train_tokens", "wall_s", "tokens_per_s", "mfu", "peak_mem_mb",
              "device_name", "precision"]
 results[[c for c in cost_cols if c in results]].to_csv(f"{out}/cost.csv", index=False, float_format="%.6g")
 util = []
-with open("logs/gpu/gpu_util.csv") as f:
+with open(f"logs/{name}/gpu_util.csv") as f:
     for row in csv.reader(f):
         try:
             util.append(float(row[1]))
         except (IndexError, ValueError):
             pass
 stages = {}
-for path in glob.glob("logs/gpu/bench/*/*.tsv"):
+for path in glob.glob(f"logs/{name}/bench/*/*.tsv"):
     frame = pd.read_csv(path, sep="\t")
     stages.setdefault(path.split("/")[-2], []).append(float(frame["s"].iloc[0]))
 timing = {
@@ -96,11 +113,14 @@ timing = {
 }
 json.dump(timing, open(f"{out}/timing.json", "w"), indent=1)
 smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                     capture_output=True, text=True).stdout.strip()
+                     capture_output=True, text=True).stdout.strip() if shutil.which("nvidia-smi") else "none"
 import torch
-commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                            text=True).stdout.strip())
+if os.path.isdir(".git"):
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                text=True).stdout.strip())
+else:  # a copy without .git (the device machine): the commit bench/gpu_carry.sh recorded
+    commit, dirty = os.environ.get("PIPELINE_GIT_COMMIT", "unknown (no .git)"), False
 freeze = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True).stdout
 with open(f"{out}/versions.txt", "w") as f:
     f.write(f"git commit: {commit}{' (with uncommitted changes)' if dirty else ''}\n")
@@ -108,4 +128,10 @@ with open(f"{out}/versions.txt", "w") as f:
     f.write(f"python: {platform.python_version()} on {platform.platform()}, {os.cpu_count()} CPUs\n\n{freeze}")
 print(json.dumps({k: v for k, v in timing.items() if k != "stage_seconds"}, indent=1))
 PY
-echo "reference products in $OUT/ (commit them with the README)"
+if ((PDF)); then
+  echo "reference products in $OUT/ (commit them with the README)"
+else
+  echo "reference products in $OUT/, without the PDF (no TeX here). Where TeX is, with these outputs in place:"
+  echo "  python -m pipeline_src report --params $PARAMS && cp reports/$NAME/report.{pdf,tex} $OUT/"
+  echo "  (bench/from_device.sh does this for the tarball of bench/device.sh study)"
+fi
