@@ -21,7 +21,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOB=${1:-}
-[[ $JOB =~ ^(a|b|c|study)$ ]] || { echo "usage: bash bench/device.sh a|b|c|study   (on the lent GPU machine; see its header)" >&2; exit 2; }
+if [[ ! $JOB =~ ^(a|b|c|study)$ ]]; then
+  echo "usage: bash bench/device.sh a|b|c|study   (on the lent GPU machine; see its header)" >&2
+  exit 2
+fi
 OUT=${OUT:?set OUT (the device tool sets it)}
 WAIT_S=${WAIT_S:-540}
 START=$(date +%s)
@@ -35,8 +38,10 @@ if [[ -d .whl && ! -f /tmp/site/.installed ]]; then
 fi
 [[ -d /tmp/site ]] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
 [[ -d .mirror ]] && export PIPELINE_DATA_MIRROR=$PWD/.mirror
-# `python` must be the interpreter that holds torch (the image has python3 first on PATH)
-if ! command -v python >/dev/null; then mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python; export PATH=/tmp/pybin:$PATH; fi
+# the stages and benchmarks call `python`: make it the interpreter that holds torch (the image's python3)
+if ! python -c "import torch" 2>/dev/null; then
+  mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
+fi
 # the checkout's commit, recorded here by gpu_carry.sh (the device copy has no .git)
 [[ -f .whl/COMMIT ]] && export PIPELINE_GIT_COMMIT=$(cat .whl/COMMIT)
 
@@ -74,7 +79,8 @@ case "$JOB" in
     if [[ -f $study/run.rc ]]; then
       echo "study finished, exit status $(cat $study/run.rc)"
     else
-      echo "study still running after this call's ${WAIT_S}s: call 'bash bench/device.sh study' again NOW (the machine stays warm 30 s)"
+      echo "study still running after this call's ${WAIT_S}s:"
+      echo "call 'bash bench/device.sh study' again NOW (the machine stays warm 30 s)"
     fi
     tail -n 25 $study/run.log
     pack $study study run.log run.rc reports logs $(cd $study && ls -d data/*/eval 2>/dev/null)

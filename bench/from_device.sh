@@ -23,14 +23,17 @@ for tarball in "$@"; do
       mkdir -p "$RESULTS"
       tar -xzf "$tarball" -C "$RESULTS"
       echo "$tarball -> $RESULTS/: $(tar -tzf "$tarball" | grep -v '/$' | sed 's|^\./||' | tr '\n' ' ')"
-      grep -h "FAILED\|SKIPPED" "$RESULTS"/session_*.log 2>/dev/null || true
+      grep -h "^!! " "$RESULTS"/session_*.log 2>/dev/null || true
       ;;
     study.tar.gz)
       tmp=$(mktemp -d)
       trap 'rm -rf "$tmp"' EXIT
       tar -xzf "$tarball" -C "$tmp"
-      [[ -f $tmp/run.rc ]] || { echo "error: $tarball is of a study still running (no run.rc): call the device again"; exit 1; }
-      [[ $(cat "$tmp/run.rc") == 0 ]] || { echo "error: the study failed on the device; the end of its log:"; tail -n 30 "$tmp/run.log"; exit 1; }
+      if [[ ! -f $tmp/run.rc ]]; then
+        echo "error: $tarball is of a study still running (no run.rc): call the device again"; exit 1
+      elif [[ $(cat "$tmp/run.rc") != 0 ]]; then
+        echo "error: the study failed on the device; the end of its log:"; tail -n 30 "$tmp/run.log"; exit 1
+      fi
       # the study's params file, from the command run.sh recorded
       params=$(sed -n 's/.*--config params=\([^ ]*\).*/\1/p' "$tmp/reports/reference/h100/command.txt")
       name=$(python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['study'])" "$params")

@@ -2,7 +2,7 @@
 # The GPU-speed measurements (issue 11) for a lent GPU, in three parts that each fit one 10-minute
 # device call. From the repository root, with the project's packages importable:
 #
-#   bash bench/gpu_session.sh a   # beam-search implementations (host / static / CUDA graphs);
+#   bash bench/gpu_session.sh a   # the CUDA-only tests; beam-search implementations (host / static / CUDA graphs);
 #                                 # one real Multi30k cell: eager, and compile + CUDA graphs
 #   bash bench/gpu_session.sh b   # K real cells sharing the GPU (K = 4, 8, 2): aggregate tok/s and MFU
 #   bash bench/gpu_session.sh c   # compile warm-up per train.compile_scope / compile_dynamic over 6
@@ -24,18 +24,23 @@ DEADLINE=$(( $(date +%s) + ${PART_BUDGET_S:-540} ))
 export PIPELINE_QUIET=1 PYTHONUNBUFFERED=1
 mkdir -p "$DEST"
 exec > >(tee -a "$DEST/session_${1:-none}.log") 2>&1
-run() {
+run() {  # run [--cap SECONDS] ARGS...: python ARGS under what is left of the part's budget (or the cap)
+  local cap=0
+  [[ $1 == --cap ]] && { cap=$2; shift 2; }
   local left=$(( DEADLINE - $(date +%s) ))
-  if (( left < 30 )); then echo "SKIPPED (${left}s left of the part's budget): python $*"; return; fi
-  echo "+ python $*   [$(date -u +%T), ${left}s left]"
+  if (( left < 30 )); then echo "!! SKIPPED (${left}s left of the part's budget): python $*"; return; fi
+  (( cap > 0 && cap < left )) && left=$cap
+  echo "+ python $*   [$(date -u +%T), limit ${left}s]"
   timeout -s INT -k 15 "$left" python "$@"
   local rc=$?
-  (( rc == 0 )) || echo "FAILED rc=$rc$( (( rc == 124 || rc == 130 )) && echo ' (out of time)'): python $*"
+  (( rc == 0 )) || echo "!! FAILED rc=$rc$( (( rc == 124 || rc == 130 )) && echo ' (out of time)'): python $*"
 }
 [[ ${REQUIRE_CUDA:-1} == 0 ]] || python -c "import torch, sys; torch.cuda.is_available() or sys.exit('error: no CUDA device')" || exit 1
 
 case "${1:-}" in
   a)
+    # the CUDA-only tests first (sdpa vs explicit, bf16 step, cached decoding, inductor + CUDA graphs)
+    run --cap 180 -m pytest -q -p no:cacheprovider tests/test_model_gpu.py tests/test_train_gpu.py
     # Multi30k-sized decoding batch (the GPU study's eval.batch_size is 250)
     run bench/bench_decode.py --no-cudnn-sdp --batch 250 --out "$DEST/decode_b250"
     run bench/bench_real_cell.py --budget-s "$BUDGET" --decoding static --name real_cell_eager_static --out "$DEST"
@@ -51,15 +56,13 @@ case "${1:-}" in
       --name real_cell_jobs2_compile_graphs --out "$DEST"
     ;;
   c)
-    run bench/bench_compile.py --shapes 6 --variants eager,layers/auto,layers/static --name compile_warmup --out "$DEST"
-    run bench/bench_compile.py --shapes 6 --variants layers/auto --cuda-graphs --name compile_warmup_graphs --out "$DEST"
+    # the isolated-step MFU target first (compile of the whole model took ~1 min a variant on the H100);
+    # then the compile warm-up over 6 shapes, whose cold compilations may not all fit the part
     run bench/bench_train_step.py --configs d512/6+6 --batch 256 --compile --variants ours-sdpa ours-sdpa-bf16-residual \
       --name train_step_d512_b256_compile_bf16_residual --out "$DEST"
+    run bench/bench_compile.py --shapes 6 --variants eager,layers/auto,layers/static --name compile_warmup --out "$DEST"
     run bench/bench_train_step.py --configs d512/6+6 --batch 256 --compile --compile-scope layers \
       --variants ours-sdpa ours-sdpa-bf16-residual --name train_step_d512_b256_compile_layers --out "$DEST"
-    ;;
-  *)
-    echo "usage: bash bench/gpu_session.sh a|b|c" >&2
-    exit 2
+    run bench/bench_compile.py --shapes 6 --variants layers/auto --cuda-graphs --name compile_warmup_graphs --out "$DEST"
     ;;
 esac

@@ -45,12 +45,13 @@ def _from_device(tmp_path, *tarballs):
 def test_from_device_puts_a_bench_part_in_the_results_and_shows_its_failures(tmp_path):
     part = _tarball(tmp_path / "bench_a.tar.gz", {
         "real_cell_eager_static.md": "| figure | value |\n", "real_cell_eager_static.json": "{}\n",
-        "session_a.log": "+ python bench/bench_decode.py\nFAILED rc=124 (out of time): python bench/bench_decode.py\n"})
+        "session_a.log": "SKIPPED [2] tests/test_model_gpu.py:97: needs a CUDA GPU\n+ python bench/bench_decode.py\n"
+                         "!! FAILED rc=124 (out of time): python bench/bench_decode.py\n"})
     proc = _from_device(tmp_path, part)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
         "real_cell_eager_static.json", "real_cell_eager_static.md", "session_a.log"]
-    assert "FAILED rc=124 (out of time)" in proc.stdout
+    assert "!! FAILED rc=124 (out of time)" in proc.stdout and "needs a CUDA GPU" not in proc.stdout
 
 
 def test_from_device_refuses_a_study_that_is_still_running_or_failed(tmp_path):
