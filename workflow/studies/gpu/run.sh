@@ -46,7 +46,8 @@ if [[ $RESUME == 0 ]]; then
 fi
 mkdir -p "$OUT" "logs/$NAME"
 export PIPELINE_JOBS_PER_GPU=$K  # K slots on the one GPU (pipeline_src/gpu_slots.py)
-CMD="PIPELINE_JOBS_PER_GPU=$K snakemake --cores $CORES --resources gpu=$K --config params=$PARAMS"
+# --keep-going: a GPU is rare; one failed run must not stop the others (the report then is not built)
+CMD="PIPELINE_JOBS_PER_GPU=$K snakemake --cores $CORES --resources gpu=$K --keep-going --config params=$PARAMS"
 PDF=1
 if ! command -v latexmk >/dev/null; then
   PDF=0  # everything up to the report's inputs; the PDF is one stage, run where TeX is
@@ -61,7 +62,8 @@ SMI=$!
 trap 'kill $SMI 2>/dev/null || true' EXIT
 start_utc=$(date -u +%FT%TZ); t0=$(date +%s.%N)
 echo "+ $CMD"
-snakemake --cores "$CORES" --resources gpu="$K" --config params="$PARAMS" $( ((PDF)) || echo --omit-from report)
+snakemake --cores "$CORES" --resources gpu="$K" --keep-going --config params="$PARAMS" \
+  $( ((PDF)) || echo --omit-from report)
 t1=$(date +%s.%N); end_utc=$(date -u +%FT%TZ)
 kill $SMI 2>/dev/null || true
 
