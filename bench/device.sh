@@ -42,6 +42,21 @@ fi
 if ! python -c "import torch" 2>/dev/null; then
   mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
 fi
+# every package the jobs import, before any time is spent (the image's pyarrow, pandas and numpy are
+# not carried: datasets wants pyarrow >= 24); the versions go to the call's log
+python - <<'PY' || exit 1
+import importlib, sys
+from importlib.metadata import version
+found = []
+for name in ("torch", "numpy", "pandas", "pyarrow", "datasets", "sentencepiece", "sacrebleu", "rouge_score",
+             "jsonschema", "matplotlib", "snakemake"):
+    try:
+        importlib.import_module(name)
+        found.append(f"{name} {version(name.replace('_', '-'))}")
+    except Exception as e:  # one line naming the package, then stop
+        sys.exit(f"error: import {name} failed on this machine: {type(e).__name__}: {e}")
+print("packages:", ", ".join(found))
+PY
 # the checkout's commit, recorded here by gpu_carry.sh (the device copy has no .git)
 [[ -f .whl/COMMIT ]] && export PIPELINE_GIT_COMMIT=$(cat .whl/COMMIT)
 
