@@ -60,12 +60,12 @@ PY
 # the checkout's commit, recorded here by gpu_carry.sh (the device copy has no .git)
 [[ -f .whl/COMMIT ]] && export PIPELINE_GIT_COMMIT=$(cat .whl/COMMIT)
 
-pack() {  # pack DIR NAME PATH... : one tarball of what exists, checkpoints left out
+pack() {  # pack DIR NAME PATH... : one tarball of those that exist (callers name no checkpoints)
   local dir=$1 name=$2; shift 2
   local have=()
   for p in "$@"; do [[ -e "$dir/$p" ]] && have+=("$p"); done
   sleep 1  # let tee flush the last lines of the log
-  tar -czf "$OUT/$name.tar.gz" -C "$dir" --exclude='*.pt' --exclude='checkpoints' --exclude='__pycache__' "${have[@]}"
+  tar -czf "$OUT/$name.tar.gz" -C "$dir" "${have[@]}"
   echo "packed $OUT/$name.tar.gz ($(du -h "$OUT/$name.tar.gz" | cut -f1)): ${have[*]}"
 }
 

@@ -47,13 +47,14 @@ fi
 mkdir -p "$OUT" "logs/$NAME"
 export PIPELINE_JOBS_PER_GPU=$K  # K slots on the one GPU (pipeline_src/gpu_slots.py)
 # --keep-going: a GPU is rare; one failed run must not stop the others (the report then is not built)
-CMD="PIPELINE_JOBS_PER_GPU=$K snakemake --cores $CORES --resources gpu=$K --keep-going --config params=$PARAMS"
+SNAKEMAKE_ARGS=(--cores "$CORES" --resources gpu="$K" --keep-going --config params="$PARAMS")
 PDF=1
 if ! command -v latexmk >/dev/null; then
   PDF=0  # everything up to the report's inputs; the PDF is one stage, run where TeX is
-  CMD="$CMD --omit-from report"
+  SNAKEMAKE_ARGS+=(--omit-from report)
   echo "no latexmk here: running up to the report's inputs (--omit-from report)"
 fi
+CMD="PIPELINE_JOBS_PER_GPU=$K snakemake ${SNAKEMAKE_ARGS[*]}"
 
 # GPU utilisation every 2 s while the study runs (busy GPU-seconds = sum of utilisation x 2 s).
 nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 \
@@ -62,8 +63,7 @@ SMI=$!
 trap 'kill $SMI 2>/dev/null || true' EXIT
 start_utc=$(date -u +%FT%TZ); t0=$(date +%s.%N)
 echo "+ $CMD"
-snakemake --cores "$CORES" --resources gpu="$K" --keep-going --config params="$PARAMS" \
-  $( ((PDF)) || echo --omit-from report)
+snakemake "${SNAKEMAKE_ARGS[@]}"
 t1=$(date +%s.%N); end_utc=$(date -u +%FT%TZ)
 kill $SMI 2>/dev/null || true
 
