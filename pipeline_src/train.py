@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import math
 import os
 import random
@@ -285,7 +286,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model.train()
-    started, meter = time.perf_counter(), StepMeter(device)
+    started, started_unix, meter = time.perf_counter(), time.time(), StepMeter(device)
     # Batches in training order from the saved data position; collated ahead in a thread (into
     # pinned memory on CUDA) unless train.prefetch is false. Same batches either way.
     stream = batching.batch_stream(data.epoch_batches, data.train_batch, state["epoch"], state["batch_in_epoch"])
@@ -378,7 +379,7 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     if world > 1:
         import torch.distributed as dist
         dist.destroy_process_group()
-    wall = time.perf_counter() - started
+    wall, ended_unix = time.perf_counter() - started, time.time()
     if rank != 0:  # rank 0 writes every output
         return
 
@@ -415,6 +416,8 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     tokens_per_s = meter.tokens_per_s
     atomic_write_json(out["cost"], {
         "wall_s": wall, "tokens_per_s": tokens_per_s, "device": device.type,
+        # when the training loop ran: how runs sharing a GPU overlapped (bench/study_throughput.py)
+        "start_utc": _utc(started_unix), "end_utc": _utc(ended_unix),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "cpu_count": os.cpu_count(), "peak_mem_mb": _memory_mb(device, peak=True), "precision": _precision_name(device, t.precision),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
@@ -433,6 +436,10 @@ def _weights(model) -> dict:
 def _average(states: list[dict]) -> dict:
     return {k: sum(s[k].float() for s in states) / len(states) if states[0][k].is_floating_point() else states[-1][k]
             for k in states[0]}
+
+
+def _utc(unix_s: float) -> str:
+    return datetime.datetime.fromtimestamp(unix_s, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _fmt(v) -> str:

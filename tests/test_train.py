@@ -1,4 +1,5 @@
 """Training engine: exact resume after SIGKILL, DDP == one process, NaN guard, GPU slots, determinism."""
+import datetime
 import json
 import math
 import random
@@ -258,6 +259,9 @@ def test_prefetch_and_static_shapes_keep_metrics_byte_identical(workdir):
     # 300 short examples: a handful of buckets, against a new shape for most dynamic batches
     assert static["batch_shapes"] <= 12 < dynamic["batch_shapes"]
     assert static["warmup_s"] >= 0
+    # when the loop ran, for runs sharing a GPU (bench/study_throughput.py): an interval as long as wall_s
+    start, end = (datetime.datetime.fromisoformat(static[k]) for k in ("start_utc", "end_utc"))
+    assert start.tzinfo is not None and abs((end - start).total_seconds() - static["wall_s"]) < 1.0
     assert static["compiled"] is False and static["cuda_graphs"] is False
     # compile and CUDA graphs are CUDA-only: on a CPU the run is the eager one, and says so
     params["tasks"]["reorder"]["train"].update(compile=True, cuda_graphs=True)
