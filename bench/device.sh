@@ -66,7 +66,8 @@ pack() {  # pack DIR NAME PATH... : one tarball of those that exist (callers nam
   for p in "$@"; do [[ -e "$dir/$p" ]] && have+=("$p"); done
   sleep 1  # let tee flush the last lines of the log
   tar -czf "$OUT/$name.tar.gz" -C "$dir" "${have[@]}"
-  echo "packed $OUT/$name.tar.gz ($(du -h "$OUT/$name.tar.gz" | cut -f1)): ${have[*]}"
+  local shown="${have[*]:0:8}"; (( ${#have[@]} > 8 )) && shown+=" ... (${#have[@]} paths)"
+  echo "packed $OUT/$name.tar.gz ($(du -h "$OUT/$name.tar.gz" | cut -f1)): $shown"
 }
 
 case "$JOB" in
@@ -98,6 +99,9 @@ case "$JOB" in
       echo "call 'bash bench/device.sh study' again NOW (the machine stays warm 30 s)"
     fi
     tail -n 25 $study/run.log
-    pack $study study run.log run.rc reports logs $(cd $study && ls -d data/*/eval 2>/dev/null)
+    # each finished run's records (not its checkpoints): bench/study_throughput.py reads them, also
+    # when the study is cut off before its report
+    pack $study study run.log run.rc reports logs $(cd $study && ls -d data/*/eval 2>/dev/null) \
+      $(cd $study && ls data/*/runs/*/*/seed*/{cost.json,train_metrics.json,train_info.json,train_log.tsv} 2>/dev/null)
     ;;
 esac

@@ -5,7 +5,10 @@
 #   bash bench/from_device.sh /work/.device/<call>/bench_a.tar.gz ... study.tar.gz
 #
 #   bench_<part>.tar.gz -> bench/results/h100/ (each benchmark's .md/.json and the part's console log)
-#   study.tar.gz        -> reports/reference/h100/ (REFERENCE_DIR), plus the study's reports/<study>,
+#   study.tar.gz        -> bench/results/h100/study_<study>_throughput.md/.json (bench/study_throughput.py:
+#                          the finished runs' tok/s and MFU, alone and sharing the GPU; also for a
+#                          study still running or failed, which is then refused for the rest), and
+#                          reports/reference/h100/ (REFERENCE_DIR), plus the study's reports/<study>,
 #                          data/<study>/eval and logs/<study> (ignored by git), then builds the PDF
 #                          here with the same report stage (the device has no TeX) and copies
 #                          report.pdf/.tex beside the other products.
@@ -29,9 +32,21 @@ for tarball in "$@"; do
       tmp=$(mktemp -d)
       trap 'rm -rf "$tmp"' EXIT
       tar -xzf "$tarball" -C "$tmp"
-      if [[ ! -f $tmp/run.rc ]]; then
+      state=finished
+      [[ -f $tmp/run.rc ]] || state=running
+      [[ $state == running || $(cat "$tmp/run.rc") == 0 ]] || state=failed
+      # the throughput of every run that finished, whatever became of the study (issue 11's figures)
+      for runs in "$tmp"/data/*/runs; do
+        [[ -d $runs ]] || continue
+        study=$(basename "$(dirname "$runs")")
+        python bench/study_throughput.py --root "$tmp" --study "$study" --state "$state" --out "$RESULTS" \
+          --source "$(basename "$tarball") of bench/device.sh study, $(date -u -r "$tarball" +%FT%TZ)" \
+          | tail -n 1 || echo "!! no throughput summary for study $study"
+      done
+      [[ $state == finished ]] || { mkdir -p "$RESULTS" && cp "$tmp/run.log" "$RESULTS/study_run_$state.log"; }  # finished: kept below
+      if [[ $state == running ]]; then
         echo "error: $tarball is of a study still running (no run.rc): call the device again"; exit 1
-      elif [[ $(cat "$tmp/run.rc") != 0 ]]; then
+      elif [[ $state == failed ]]; then
         echo "error: the study failed on the device; the end of its log:"; tail -n 30 "$tmp/run.log"; exit 1
       fi
       # the study's params file, from the command run.sh recorded

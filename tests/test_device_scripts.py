@@ -1,6 +1,8 @@
 """The scripts that carry the GPU work to a lent machine and back (bench/device.sh, from_device.sh).
 A lent GPU is rare: a script that fails there wastes it, so what can be checked without one is."""
+import json
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -37,7 +39,7 @@ def _tarball(path: Path, files: dict[str, str]) -> Path:
 
 
 def _from_device(tmp_path, *tarballs):
-    env = {"PATH": "/usr/bin:/bin", "RESULTS_DIR": str(tmp_path / "results"), "REFERENCE_DIR": str(tmp_path / "ref")}
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "RESULTS_DIR": str(tmp_path / "results"), "REFERENCE_DIR": str(tmp_path / "ref")}
     return subprocess.run(["bash", str(ROOT / "bench" / "from_device.sh"), *map(str, tarballs)], capture_output=True,
                           text=True, env=env)
 
@@ -63,4 +65,41 @@ def test_from_device_refuses_a_study_that_is_still_running_or_failed(tmp_path):
     proc = _from_device(tmp_path, failed)
     assert proc.returncode == 1
     assert "the study failed on the device" in proc.stdout and "error: train failed" in proc.stdout
+    assert not (tmp_path / "ref").exists()
+    # their logs are kept with the results, to say what became of the run
+    assert (tmp_path / "results" / "study_run_running.log").read_text().startswith("18 of 25 steps")
+    assert (tmp_path / "results" / "study_run_failed.log").read_text() == "error: train failed\n"
+
+
+def _run_files(task: str, cell: str, seed: int, start: str, end: str, wall: float, tokens: int) -> dict[str, str]:
+    run = f"data/gpu/runs/{task}/{cell}/seed{seed}"
+    cost = {"start_utc": start, "end_utc": end, "wall_s": wall, "tokens_per_s": tokens / wall, "mfu": 0.5,
+            "peak_flops": 1e12, "pad_fraction": 0.05, "batch_shapes": 20, "warmup_s": 3.0, "peak_mem_mb": 900.0,
+            "device_name": "NVIDIA H100 80GB HBM3", "precision": "bf16-autocast", "compiled": True,
+            "cuda_graphs": False, "resumed_from_step": None}
+    metrics = {"steps": 1000, "train_tokens": tokens, "flops_per_token": 1e6}
+    return {f"{run}/cost.json": json.dumps(cost), f"{run}/train_metrics.json": json.dumps(metrics)}
+
+
+def test_from_device_keeps_the_throughput_of_the_runs_a_cut_off_study_finished(tmp_path):
+    """A study cut off mid-way (no run.rc) is refused, but the runs it finished still give issue 11's
+    figures: each cell's, and the runs' together over their window (here 2 runs overlapping half)."""
+    files = {"run.log": "40 of 90 steps (44%) done\n",
+             "logs/gpu/bench/evaluate/multi30k_en_de-baseline-s0.tsv": "s\th:m:s\n12.5\t0:00:12\n",
+             "logs/gpu/gpu_util.csv": "2026/11/24 10:00:00.000, 80, 1000\n2026/11/24 10:00:02.000, 60, 1000\n"}
+    files.update(_run_files("multi30k_en_de", "baseline", 0, "2026-11-24T10:00:00+00:00",
+                            "2026-11-24T10:01:40+00:00", 100.0, 10**6))
+    files.update(_run_files("multi30k_en_de", "baseline", 1, "2026-11-24T10:00:50+00:00",
+                            "2026-11-24T10:02:30+00:00", 100.0, 10**6))
+    proc = _from_device(tmp_path, _tarball(tmp_path / "cut" / "study.tar.gz", files))
+    assert proc.returncode == 1 and "still running (no run.rc)" in proc.stdout, proc.stdout + proc.stderr
+    record = json.loads((tmp_path / "results" / "study_gpu_throughput.json").read_text())
+    assert record["state"] == "running" and len(record["runs"]) == 2
+    together = record["together"]["multi30k_en_de"]
+    assert together["window_s"] == 150.0 and abs(together["runs_at_once"] - 200 / 150) < 1e-9
+    assert abs(together["target_tok_s"] - 2e6 / 150) < 1e-6
+    assert abs(together["mfu"] - 3 * 1e6 * 2e6 / 150 / 1e12) < 1e-12  # 4 %
+    assert record["gpu_utilisation_pct"] == 70.0 and record["runs"][0]["evaluate_s"] == 12.5
+    md = (tmp_path / "results" / "study_gpu_throughput.md").read_text()
+    assert "STILL RUNNING" in md and "| multi30k_en_de | baseline | 2 |" in md and "4.0 %" in md
     assert not (tmp_path / "ref").exists()
