@@ -402,12 +402,6 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         "\t".join(_fmt(r.get(c, "")) for c in LOG_COLUMNS) + "\n" for r in state["log"])
     atomic_write_text(out["log"], log_text)
     final_train = next((r["train_loss"] for r in reversed(state["log"]) if r.get("train_loss") != ""), float("nan"))
-    # Numbers only in the metrics file (what DVC and people compare); what the run was and how it
-    # was made go to train_info.json.
-    atomic_write_json(out["metrics"], {
-        "n_params": n_params, "flops_per_token": fpt, "steps": state["step"],
-        "epochs": state["epoch"], "train_tokens": state["train_tokens"], "best_val_loss": state["best_val"],
-        "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train})
     atomic_write_json(out["info"], {
         "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
         "leaks_future": cell.leaks_future, "stop_reason": state.get("stop_reason", "max_steps"),
@@ -424,6 +418,13 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         "resumed_from_step": resumed_from, "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
         "warmup_s": meter.warmup_s, "compiled": compiled, "cuda_graphs": graphs,
         "compile_scope": t.compile_scope if compiled else None, "compiled_graphs": compiled_graphs() if compiled else 0})
+    # Written last, so its presence means every output above is complete. Numbers only in
+    # the metrics file (what DVC and people compare); what the run was and how it
+    # was made go to train_info.json.
+    atomic_write_json(out["metrics"], {
+        "n_params": n_params, "flops_per_token": fpt, "steps": state["step"],
+        "epochs": state["epoch"], "train_tokens": state["train_tokens"], "best_val_loss": state["best_val"],
+        "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train})
     shutil.rmtree(scratch, ignore_errors=True)
     print(f"trained {task}/{cell_name}/seed{seed}: {state['step']} steps, best val loss {state['best_val']:.4f} "
           f"(step {state['best_step']}), {tokens_per_s:.0f} tok/s on {device}", flush=True)

@@ -80,24 +80,36 @@ def test_same_seed_same_metrics_bit_for_bit(workdir):
     assert all(torch.equal(results[0][1][k], results[1][1][k]) for k in results[0][1])
 
 
+def _wait_for_first_state(proc, scratch: Path) -> float:
+    deadline = time.time() + 60
+    while not (scratch / "state.pt").exists():
+        assert proc.poll() is None and time.time() < deadline, "training ended before saving any state"
+        time.sleep(0.005)
+    return time.perf_counter()
+
+
 def test_sigkill_at_a_random_moment_then_restart_gives_identical_results(workdir):
     metrics, ckpt, scratch = _outputs(workdir)
+    others = [Path(output_path("train", name, study="tiny", task="reorder", cell="baseline", seed=0))
+              for name in ("info", "log", "cost")]
     _clear(workdir)
-    subprocess.run(_train_cmd(), cwd=workdir, env=_env(), check=True, capture_output=True)
+    proc = subprocess.Popen(_train_cmd(), cwd=workdir, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first_state = _wait_for_first_state(proc, scratch)
+    assert proc.wait() == 0
+    rest_s = time.perf_counter() - first_state  # the rest of the run: steps, final writes and exit
     reference_metrics, reference_weights = metrics.read_bytes(), _weights(ckpt)
 
     _clear(workdir)
-    proc = subprocess.Popen(_train_cmd(), cwd=workdir, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 60
-    while not (scratch / "state.pt").exists():  # wait for the first saved state, then kill soon after
-        assert proc.poll() is None and time.time() < deadline, "training ended before saving any state"
-        time.sleep(0.005)
-    time.sleep(random.uniform(0.0, 0.3))
+    proc = subprocess.Popen(_train_cmd(), cwd=workdir, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for_first_state(proc, scratch)
+    time.sleep(random.uniform(0.0, rest_s))
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    assert not metrics.exists() or proc.returncode == 0
+    finished = metrics.exists()
+    if finished:  # the metrics are written last, so everything else must be complete
+        assert all((workdir / p).exists() for p in others) and (ckpt / "last.pt").exists()
     restarted = subprocess.run(_train_cmd(), cwd=workdir, env=_env(), check=True, capture_output=True, text=True)
-    if proc.returncode != 0:  # the kill landed mid-run, so the restart must have resumed
+    if not finished:  # the kill landed before the outputs were complete: the scratch state is resumed
         assert "resuming" in restarted.stdout
     assert metrics.read_bytes() == reference_metrics
     weights = _weights(ckpt)
