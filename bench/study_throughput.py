@@ -5,9 +5,9 @@ study's own records instead of a benchmark.
 It reads what the train stage wrote for every finished run (data/<study>/runs/<task>/<cell>/
 seed<s>/cost.json and train_metrics.json), the evaluate stage's Snakemake benchmark files
 (logs/<study>/bench/evaluate/*.tsv) and, if run.sh recorded it, the GPU's utilisation
-(logs/<study>/gpu_util.csv). Runs still training have no cost.json yet and are not counted, so
-a study that is still running, failed, or was cut off with its machine gives the figures of the
-runs it finished.
+(logs/<study>/gpu_util.csv). A run counts once it has train_metrics.json, which the train stage
+writes last; runs still training are left out, so a study that is still running, failed, or was
+cut off with its machine gives the figures of the runs it finished.
 
 Aggregate over a task's training window (first run's start to last run's end, from cost.json's
 start_utc/end_utc):
@@ -42,12 +42,13 @@ def _time(stamp: str) -> float:
 
 
 def read_runs(root: Path, study: str) -> list[dict]:
-    """One record per finished training run (one that wrote cost.json), sorted by task, cell, seed."""
+    """One record per finished training run, sorted by task, cell, seed. A run is finished when it
+    has train_metrics.json, which the train stage writes after cost.json and its other outputs."""
     runs = []
-    for cost_path in sorted((root / "data" / study / "runs").glob("*/*/seed*/cost.json")):
-        run_dir = cost_path.parent
-        cost = json.loads(cost_path.read_text())
-        metrics = json.loads((run_dir / "train_metrics.json").read_text())
+    for metrics_path in sorted((root / "data" / study / "runs").glob("*/*/seed*/train_metrics.json")):
+        run_dir = metrics_path.parent
+        cost = json.loads((run_dir / "cost.json").read_text())
+        metrics = json.loads(metrics_path.read_text())
         task, cell, seed = run_dir.parent.parent.name, run_dir.parent.name, int(run_dir.name[len("seed"):])
         tokens = metrics["train_tokens"]
         if cost.get("resumed_from_step") and metrics["steps"]:  # only this segment's share was timed
@@ -117,7 +118,7 @@ def main() -> None:
     root, name = Path(args.root), args.name or f"study_{args.study}_throughput"
     runs = read_runs(root, args.study)
     if not runs:
-        sys.exit(f"error: no finished training run (cost.json) under {root / 'data' / args.study / 'runs'}")
+        sys.exit(f"error: no finished training run (train_metrics.json) under {root / 'data' / args.study / 'runs'}")
 
     cells, tasks = {}, {}
     for r in runs:

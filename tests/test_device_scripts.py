@@ -83,7 +83,8 @@ def _run_files(task: str, cell: str, seed: int, start: str, end: str, wall: floa
 
 def test_from_device_keeps_the_throughput_of_the_runs_a_cut_off_study_finished(tmp_path):
     """A study cut off mid-way (no run.rc) is refused, but the runs it finished still give issue 11's
-    figures: each cell's, and the runs' together over their window (here 2 runs overlapping half)."""
+    figures: each cell's, and the runs' together over their window (here 2 runs overlapping half;
+    a third, cut off before it wrote train_metrics.json, is left out)."""
     files = {"run.log": "40 of 90 steps (44%) done\n",
              "logs/gpu/bench/evaluate/multi30k_en_de-baseline-s0.tsv": "s\th:m:s\n12.5\t0:00:12\n",
              "logs/gpu/gpu_util.csv": "2026/11/24 10:00:00.000, 80, 1000\n2026/11/24 10:00:02.000, 60, 1000\n"}
@@ -91,6 +92,10 @@ def test_from_device_keeps_the_throughput_of_the_runs_a_cut_off_study_finished(t
                             "2026-11-24T10:01:40+00:00", 100.0, 10**6))
     files.update(_run_files("multi30k_en_de", "baseline", 1, "2026-11-24T10:00:50+00:00",
                             "2026-11-24T10:02:30+00:00", 100.0, 10**6))
+    # cut off between its cost.json and its train_metrics.json (written last): not finished, not counted
+    cut = _run_files("multi30k_en_de", "baseline", 2, "2026-11-24T10:01:00+00:00",
+                     "2026-11-24T10:03:00+00:00", 120.0, 10**6)
+    files.update({path: text for path, text in cut.items() if path.endswith("cost.json")})
     proc = _from_device(tmp_path, _tarball(tmp_path / "cut" / "study.tar.gz", files))
     assert proc.returncode == 1 and "still running (no run.rc)" in proc.stdout, proc.stdout + proc.stderr
     record = json.loads((tmp_path / "results" / "study_gpu_throughput.json").read_text())
