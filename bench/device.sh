@@ -2,6 +2,7 @@
 # One call of the lent GPU machine = one command of this script, from the repository root there:
 #
 #   bash bench/device.sh a|b|c   # a part of bench/gpu_session.sh (issue 11's GPU figures), <= 9.5 min
+#                                # (WAIT_S=S for less, budget_left_s - 60; bench/results/h100/README.md)
 #   bash bench/device.sh study   # the reference GPU study (workflow/studies/gpu/run.sh, issue 12):
 #                                # started in the background, then waited for up to WAIT_S (540) s;
 #                                # call it again at once, while the machine is warm, to wait on
