@@ -27,17 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import OUT_DIR, REPO, md_table, tool_env, write_report
+from common import OUT_DIR, REPO, md_table, mirror_dir, tool_env, write_report
 
 import yaml
 
 STUDY = REPO / "bench" / "real_cell.yaml"
 TASK = "multi30k_en_de"
 SMALL_MODEL = dict(d_model=128, n_heads=4, enc_layers=2, dec_layers=2, d_ff=512)
-
-
-def mirror_dir() -> Path:
-    return Path(os.environ.get("PIPELINE_DATA_MIRROR", REPO.parent / "shared" / "datasets")).resolve()
 
 
 def stage(work: Path, *args: str) -> float:

@@ -31,6 +31,11 @@ OUT_DIR = REPO / "reports" / "bench"
 BIN = Path(sys.executable).parent  # snakemake / dvc of the running environment
 
 
+def mirror_dir() -> Path:
+    """The offline dataset mirror: PIPELINE_DATA_MIRROR, else ../shared/datasets beside the checkout."""
+    return Path(os.environ.get("PIPELINE_DATA_MIRROR", REPO.parent / "shared" / "datasets")).resolve()
+
+
 def machine_info() -> dict:
     info = {"platform": platform.platform(), "cpu": cpu_name(), "cores": os.cpu_count(),
             "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),

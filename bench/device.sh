@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call of the lent GPU machine = one command of this script, from the repository root there:
 #
-#   bash bench/device.sh a|b|c   # a part of bench/gpu_session.sh (issue 11's GPU figures), <= 9.5 min
+#   bash bench/device.sh a|b|c|d # a part of bench/gpu_session.sh (issue 11's GPU figures), <= 9.5 min
 #                                # (WAIT_S=S for less, budget_left_s - 60; bench/results/h100/README.md)
 #   bash bench/device.sh study   # the reference GPU study (workflow/studies/gpu/run.sh, issue 12):
 #                                # started in the background, then waited for up to WAIT_S (540) s;
@@ -22,8 +22,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOB=${1:-}
-if [[ ! $JOB =~ ^(a|b|c|study)$ ]]; then
-  echo "usage: bash bench/device.sh a|b|c|study   (on the lent GPU machine; see its header)" >&2
+if [[ ! $JOB =~ ^(a|b|c|d|study)$ ]]; then
+  echo "usage: bash bench/device.sh a|b|c|d|study   (on the lent GPU machine; see its header)" >&2
   exit 2
 fi
 OUT=${OUT:?set OUT (the device tool sets it)}
@@ -72,7 +72,7 @@ pack() {  # pack DIR NAME PATH... : one tarball of those that exist (callers nam
 }
 
 case "$JOB" in
-  a|b|c)
+  a|b|c|d)
     work=/tmp/gpu_session/$JOB
     rm -rf "$work" && mkdir -p "$work"
     DEST=$work PART_BUDGET_S=$(( WAIT_S - 20 )) bash bench/gpu_session.sh "$JOB"

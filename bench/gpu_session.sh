@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU-speed measurements (issue 11) for a lent GPU, in three parts that each fit one 10-minute
+# The GPU-speed measurements (issue 11) for a lent GPU, in four parts that each fit one 10-minute
 # device call. From the repository root, with the project's packages importable:
 #
 #   bash bench/gpu_session.sh a   # the CUDA-only tests; beam-search implementations (host / static / CUDA graphs);
@@ -7,6 +7,8 @@
 #   bash bench/gpu_session.sh b   # K real cells sharing the GPU (K = 4, 8, 2): aggregate tok/s and MFU
 #   bash bench/gpu_session.sh c   # compile warm-up per train.compile_scope / compile_dynamic over 6
 #                                 # bucket shapes (+ CUDA graphs); the d512 step with a bf16 residual stream
+#   bash bench/gpu_session.sh d   # summarization decoding at the study's scale: the evaluate stage's decoder
+#                                 # over 2,000 CNN/DailyMail-length articles, beam 4 (host / static / graphs)
 #
 # On a lent machine (bare: no datasets, rouge-score, jsonschema, Snakemake, no mirror), run it through
 # bench/device.sh, which installs what bench/gpu_carry.sh prepared here and brings every file back
@@ -64,5 +66,10 @@ case "${1:-}" in
     run bench/bench_train_step.py --configs d512/6+6 --batch 256 --compile --compile-scope layers \
       --variants ours-sdpa ours-sdpa-bf16-residual --name train_step_d512_b256_compile_layers --out "$DEST"
     run bench/bench_compile.py --shapes 6 --variants layers/auto --cuda-graphs --name compile_warmup_graphs --out "$DEST"
+    ;;
+  d)
+    # the fast implementations first: the host one is the launch-bound baseline, kept if time allows
+    run bench/bench_decode_articles.py --impls graphs,static --name decode_articles_cnndm --out "$DEST"
+    run bench/bench_decode_articles.py --impls host,graphs --name decode_articles_cnndm_host --out "$DEST"
     ;;
 esac

@@ -16,7 +16,10 @@ MIRROR = Path(os.environ.get("PIPELINE_DATA_MIRROR", ROOT.parent / "shared" / "d
 @pytest.mark.parametrize("bench,record", [("bench_train_step.py", "train_step.json"), ("bench_decode.py", "decode.json"),
                                           ("bench_compile.py", "compile_warmup.json"),
                                           pytest.param("bench_real_cell.py", "real_cell.json", marks=pytest.mark.skipif(
-                                              not (MIRROR / "multi30k").is_dir(), reason="needs the mirror's Multi30k"))])
+                                              not (MIRROR / "multi30k").is_dir(), reason="needs the mirror's Multi30k")),
+                                          pytest.param("bench_decode_articles.py", "decode_articles.json",
+                                                       marks=pytest.mark.skipif(not (MIRROR / "cnn_dailymail").is_dir(),
+                                                                                reason="needs the mirror's CNN/DailyMail"))])
 def test_benchmark_quick_run_writes_its_record(bench, record, tmp_path):
     env = checkout_env()
     # bench_compile: one compiled variant over two shapes (each variant is two fresh processes)
@@ -29,6 +32,9 @@ def test_benchmark_quick_run_writes_its_record(bench, record, tmp_path):
     if bench == "bench_decode.py":  # every beam-search implementation decodes the same hypotheses
         assert {r["impl"] for r in data["beam_implementations"]} >= {"host", "static"}
         assert all(r["identical_to_host"] == 1.0 for r in data["beam_implementations"])
+    if bench == "bench_decode_articles.py":  # the evaluate stage's decoder, every implementation, full summaries
+        assert [r["impl"] for r in data["results"]] == ["host", "static"] and data["articles"] == 24
+        assert all(r["identical_to_host"] == 1.0 and r["summary_lengths"] == [8] for r in data["results"])
     if bench == "bench_compile.py":  # both runs of the variant compiled its regions and stepped every shape
         (result,) = data["results"]
         assert result["cold"]["graphs_compiled"] > 0 and len(result["warm_cache"]["shapes"]) == 2

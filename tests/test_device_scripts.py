@@ -23,7 +23,7 @@ def test_device_refuses_an_unknown_job_before_installing_anything(tmp_path):
     proc = subprocess.run(["bash", str(ROOT / "bench" / "device.sh"), "everything"], capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)})
     assert proc.returncode == 2
-    assert proc.stderr.startswith("usage: bash bench/device.sh a|b|c|study")
+    assert proc.stderr.startswith("usage: bash bench/device.sh a|b|c|d|study")
     assert list(tmp_path.iterdir()) == []
 
 
