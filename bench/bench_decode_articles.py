@@ -77,7 +77,8 @@ def main() -> None:
     ap.add_argument("--articles", type=int, help="articles decoded (default: the cell's eval.max_examples)")
     ap.add_argument("--impls", default="host,static,graphs", help="eval.decoding values, comma-separated "
                     "(graphs runs on CUDA only)")
-    ap.add_argument("--no-cudnn-sdp", action="store_true", help="(always on here, as in the evaluate stage)")
+    ap.add_argument("--no-cudnn-sdp", action="store_true",
+                    help="ignored: SDPA's cuDNN backend is always off here on CUDA, as in the evaluate stage")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 with --quick)")
     ap.add_argument("--name", default="decode_articles")
     ap.add_argument("--out", default=str(OUT_DIR))
@@ -87,9 +88,16 @@ def main() -> None:
     if gpu:  # as evaluate.run: cuDNN attention would build a plan for every decoding step's shape
         torch.backends.cuda.enable_cudnn_sdp(False)
 
-    cell = load_study(args.params).cell(TASK, CELL)
+    impls = [i for i in args.impls.split(",") if i]
+    if not impls or set(impls) - {"host", "static", "graphs"}:
+        raise SystemExit(f"error: --impls {args.impls!r}: give host, static and/or graphs, comma-separated")
+    impls = [i for i in impls if gpu or i != "graphs"]
+    if not impls:
+        raise SystemExit("error: --impls graphs needs a CUDA device (eval.decoding graphs runs as static elsewhere)")
+    study = load_study(args.params)
+    cell = study.cell(TASK, CELL)
     ev, dims = cell.eval, dict(cell.model)
-    vocab = load_study(args.params).bpe_config(TASK, cell.fv, cell.tv).vocab_size
+    vocab = study.bpe_config(TASK, cell.fv, cell.tv).vocab_size
     max_src_len = cell.train.max_src_len
     n = args.articles or ev.max_examples or 2000
     if args.quick:
@@ -110,7 +118,6 @@ def main() -> None:
     model.lm_head.register_forward_hook(lambda mod, inp, out: out.index_fill(-1, never, float("-inf")))
     precision = cell.train.precision
 
-    impls = [i for i in args.impls.split(",") if i and (gpu or i != "graphs")]
     warm = batching.Seq2SeqData(src[:2], data.tgt[:2])
     decode_all(model, warm, dataclasses.replace(ev, decoding="host"), device, precision, "warm-up")
     rows, results, hyps = [], [], {}
