@@ -19,12 +19,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 MIRROR=${PIPELINE_DATA_MIRROR:-../shared/datasets}
-# Top-level needs: the pipeline's imports and drivers that the device image does not hold.
-NEEDS="datasets rouge-score jsonschema snakemake snakemake-executor-plugin-slurm"
+# Top-level needs: the pipeline's imports and drivers that the device image does not hold
+# (CARRY_NEEDS overrides them; tests/test_device_scripts.py sets none, to check the rest offline).
+NEEDS=${CARRY_NEEDS-"datasets rouge-score jsonschema snakemake snakemake-executor-plugin-slurm"}
 IMAGE_HAS="numpy pandas pyarrow"
 
+# (git's own path for it: a checkout's .git may lack info/, and a worktree keeps it elsewhere)
+EXCLUDE=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$EXCLUDE")"
 for p in /.whl/ /.mirror/; do
-  grep -qxF "$p" .git/info/exclude 2>/dev/null || echo "$p" >> .git/info/exclude
+  grep -qxF "$p" "$EXCLUDE" 2>/dev/null || echo "$p" >> "$EXCLUDE"
 done
 rm -rf .whl && mkdir -p .whl
 

@@ -108,3 +108,28 @@ def test_from_device_keeps_the_throughput_of_the_runs_a_cut_off_study_finished(t
     md = (tmp_path / "results" / "study_gpu_throughput.md").read_text()
     assert "STILL RUNNING" in md and "| multi30k_en_de | baseline | 2 |" in md and "4.0 %" in md
     assert not (tmp_path / "ref").exists()
+
+
+def test_gpu_carry_works_in_a_checkout_whose_git_dir_has_no_info_folder(tmp_path):
+    # A checkout's .git may lack info/ (git init with an empty template, some tools' copies): the
+    # script once stopped there before carrying anything (set -e on the append to info/exclude).
+    repo, mirror = tmp_path / "repo", tmp_path / "datasets"
+    (repo / "bench").mkdir(parents=True)
+    (repo / "bench" / "gpu_carry.sh").write_text((ROOT / "bench" / "gpu_carry.sh").read_text())
+    (mirror / "multi30k").mkdir(parents=True)
+    (mirror / "multi30k" / "test.jsonl.gz").write_bytes(b"rows")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", "--template=", str(repo)], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "x"], check=True)
+    assert not (repo / ".git" / "info").exists()
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "CARRY_NEEDS": "",
+           "PIPELINE_DATA_MIRROR": str(mirror)}
+    proc = subprocess.run(["bash", "bench/gpu_carry.sh"], cwd=repo, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert (repo / ".whl" / "COMMIT").read_text().strip() == head
+    assert (repo / ".mirror" / "multi30k" / "test.jsonl.gz").read_bytes() == b"rows"
+    assert (repo / ".git" / "info" / "exclude").read_text().split() == ["/.whl/", "/.mirror/"]
+    status = subprocess.run(git + ["status", "--porcelain"], capture_output=True, text=True, check=True).stdout
+    assert status == ""  # both carried folders are ignored, not untracked files to commit by mistake
