@@ -58,14 +58,15 @@ def article_lengths(vocab_size: int, max_src_len: int) -> tuple[list[int], float
     """Source lengths in BPE tokens (EOS included) of the mirror's validation + test articles."""
     import sentencepiece as spm
     tick = time.perf_counter()
+    validation = read_articles("validation")
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(read_articles("train") + read_articles("validation")),
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(read_articles("train") + validation),
                                    model_writer=model, vocab_size=vocab_size, model_type="bpe",
                                    character_coverage=1.0, max_sentence_length=1 << 20, num_threads=os.cpu_count(),
                                    minloglevel=2)
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
     lengths = [min(len(ids), max_src_len - 1) + 1
-               for ids in sp.encode(read_articles("validation") + read_articles("test"))]
+               for ids in sp.encode(validation + read_articles("test"))]
     return lengths, time.perf_counter() - tick
 
 
@@ -77,16 +78,14 @@ def main() -> None:
     ap.add_argument("--articles", type=int, help="articles decoded (default: the cell's eval.max_examples)")
     ap.add_argument("--impls", default="host,static,graphs", help="eval.decoding values, comma-separated "
                     "(graphs runs on CUDA only)")
-    ap.add_argument("--no-cudnn-sdp", action="store_true",
-                    help="ignored: SDPA's cuDNN backend is always off here on CUDA, as in the evaluate stage")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 with --quick)")
     ap.add_argument("--name", default="decode_articles")
     ap.add_argument("--out", default=str(OUT_DIR))
+    # as evaluate.run: SDPA's cuDNN backend off (it would build a plan for every decoding step's shape)
+    ap.set_defaults(no_cudnn_sdp=True)
     args = ap.parse_args()
     device = torch_setup(args)
     gpu = device.type == "cuda"
-    if gpu:  # as evaluate.run: cuDNN attention would build a plan for every decoding step's shape
-        torch.backends.cuda.enable_cudnn_sdp(False)
 
     impls = [i for i in args.impls.split(",") if i]
     if not impls or set(impls) - {"host", "static", "graphs"}:
@@ -129,13 +128,14 @@ def main() -> None:
         sync(device)
         s = time.perf_counter() - tick
         out_lens = sorted({len(h) for h in hyps[impl]})
+        out_tokens = sum(map(len, hyps[impl]))
         same = sum(a == b for a, b in zip(hyps[impl], hyps[impls[0]])) / n
         met = (s <= TARGET_S) if gpu and n >= 2000 else None
-        rows.append([impl, f"{s:.2f}" if s < 10 else f"{s:.1f}", f"{n / s:.1f}", f"{sum(map(len, hyps[impl])) / s:,.0f}",
+        rows.append([impl, f"{s:.2f}" if s < 10 else f"{s:.1f}", f"{n / s:.1f}", f"{out_tokens / s:,.0f}",
                      "–".join(map(str, (out_lens[0], out_lens[-1]))), f"{same:.0%}",
                      {True: "yes", False: "NO", None: "–"}[met]])
         results.append({"impl": impl, "seconds": s, "articles_per_s": n / s,
-                        "summary_tokens_per_s": sum(map(len, hyps[impl])) / s, "summary_lengths": out_lens,
+                        "summary_tokens_per_s": out_tokens / s, "summary_lengths": out_lens,
                         f"identical_to_{impls[0]}": same, "target_met": met})
 
     batches = -(-n // ev.batch_size)
