@@ -43,8 +43,9 @@ fi
 if ! python -c "import torch" 2>/dev/null; then
   mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
 fi
-# every package the jobs import, before any time is spent (the image's pyarrow, pandas and numpy are
-# not carried: datasets wants pyarrow >= 24); the versions go to the call's log
+# the carried packages' requirements on the image's own (numpy, pandas, pyarrow: datasets wants
+# pyarrow >= 24), then every package the jobs import, before any time is spent; all to the call's log
+[[ -d /tmp/site ]] && python bench/check_carry.py /tmp/site
 python - <<'PY' || exit 1
 import importlib, sys
 from importlib.metadata import version

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import tarfile
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,24 @@ def test_gpu_carry_works_in_a_checkout_whose_git_dir_has_no_info_folder(tmp_path
     assert (repo / ".git" / "info" / "exclude").read_text().split() == ["/.whl/", "/.mirror/"]
     status = subprocess.run(git + ["status", "--porcelain"], capture_output=True, text=True, check=True).stdout
     assert status == ""  # both carried folders are ignored, not untracked files to commit by mistake
+
+
+def test_check_carry_names_each_requirement_the_machine_does_not_meet(tmp_path):
+    # datasets 5 imports with an old pyarrow and fails only inside a stage: the device log must say why.
+    dist = tmp_path / "site" / "carried_pkg-1.0.dist-info"
+    dist.mkdir(parents=True)
+    dist.joinpath("METADATA").write_text(
+        "Metadata-Version: 2.1\nName: carried-pkg\nVersion: 1.0\n"
+        "Requires-Dist: packaging>=1\n"                       # met
+        "Requires-Dist: packaging>=999\n"                     # too old here
+        "Requires-Dist: no-such-package-anywhere>=1\n"        # missing
+        "Requires-Dist: pywin32; sys_platform == 'win32'\n"   # another platform's: skipped
+        "Requires-Dist: pytest; extra == 'test'\n")           # an extra's: skipped
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "check_carry.py"), str(tmp_path / "site")],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "site")})
+    assert proc.returncode == 0, proc.stderr  # a warning: the call goes on
+    lines = proc.stdout.splitlines()
+    assert lines == [
+        f"!! carried wheels: carried-pkg 1.0 needs packaging>=999: this machine has packaging {version('packaging')}",
+        "!! carried wheels: carried-pkg 1.0 needs no-such-package-anywhere>=1: not installed on this machine",
+    ]
