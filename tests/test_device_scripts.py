@@ -1,10 +1,10 @@
 """The scripts that carry the GPU work to a lent machine and back (bench/device.sh, from_device.sh).
 A lent GPU is rare: a script that fails there wastes it, so what can be checked without one is."""
 import json
+import re
 import subprocess
 import sys
 import tarfile
-from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -151,7 +151,8 @@ def test_check_carry_names_each_requirement_the_machine_does_not_meet(tmp_path):
                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "site")})
     assert proc.returncode == 0, proc.stderr  # a warning: the call goes on
     lines = proc.stdout.splitlines()
-    assert lines == [
-        f"!! carried wheels: carried-pkg 1.0 needs packaging>=999: this machine has packaging {version('packaging')}",
-        "!! carried wheels: carried-pkg 1.0 needs no-such-package-anywhere>=1: not installed on this machine",
-    ]
+    assert len(lines) == 2, proc.stdout
+    # (the version is the one the check's interpreter finds, which may differ from this process's)
+    assert re.fullmatch(r"!! carried wheels: carried-pkg 1\.0 needs packaging>=999: this machine has packaging \d\S*",
+                        lines[0])
+    assert lines[1] == "!! carried wheels: carried-pkg 1.0 needs no-such-package-anywhere>=1: not installed on this machine"
