@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["bench/device.sh", "bench/from_device.sh", "bench/gpu_session.sh", "bench/gpu_carry.sh",
-           "workflow/studies/gpu/run.sh"]
+           "bench/rehearse_device.sh", "workflow/studies/gpu/run.sh"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
