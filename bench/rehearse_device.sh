@@ -5,7 +5,7 @@
 # latexmk on PATH. A GPU is lent rarely and for 30 minutes: run this after changing anything on the
 # device path (train, evaluate, bench/, workflow/studies/gpu), so that the first call there works.
 #
-#   bash bench/rehearse_device.sh     # ~7 min on 2 cores, the venv and the carry made included
+#   bash bench/rehearse_device.sh     # ~5.5 min on 2 cores; ~7 the first time (making the venv)
 #
 # It runs `device.sh d` under a short deadline (the part's skip logic and packing), the mirror study
 # through `device.sh study` in calls of WAIT_S seconds until it finishes, then `from_device.sh` on

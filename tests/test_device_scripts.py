@@ -147,12 +147,14 @@ def test_check_carry_names_each_requirement_the_machine_does_not_meet(tmp_path):
         "Requires-Dist: no-such-package-anywhere>=1\n"        # missing
         "Requires-Dist: pywin32; sys_platform == 'win32'\n"   # another platform's: skipped
         "Requires-Dist: pytest; extra == 'test'\n")           # an extra's: skipped
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "check_carry.py"), str(tmp_path / "site")],
-                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path / "site")})
+    site = str(tmp_path / "site")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "check_carry.py"), site],
+                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": site})
     assert proc.returncode == 0, proc.stderr  # a warning: the call goes on
     lines = proc.stdout.splitlines()
     assert len(lines) == 2, proc.stdout
     # (the version is the one the check's interpreter finds, which may differ from this process's)
     assert re.fullmatch(r"!! carried wheels: carried-pkg 1\.0 needs packaging>=999: this machine has packaging \d\S*",
                         lines[0])
-    assert lines[1] == "!! carried wheels: carried-pkg 1.0 needs no-such-package-anywhere>=1: not installed on this machine"
+    assert lines[1] == ("!! carried wheels: carried-pkg 1.0 needs no-such-package-anywhere>=1: "
+                        "not installed on this machine")
