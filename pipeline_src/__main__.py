@@ -117,6 +117,9 @@ def _run(args, study) -> int | None:
     if stage == "report":
         from .report.build import run
         return run(study)
+    if stage == "check-reference":
+        from .reference import run
+        return run(study, args.task, args.cell, args.seed, args.reference, make=args.make)
     if stage == "dvc-yaml":
         from .dvc_yaml import run
         return run(study, check=args.check)

@@ -61,7 +61,7 @@ class TrainConfig:
     max_src_len: int = 256
     max_tgt_len: int = 256
     lm_seq_len: int = 128
-    precision: str = "auto"  # auto = bf16 autocast on CUDA, fp32 on CPU
+    precision: str = "auto"  # auto = bf16 autocast on CUDA and on CPUs with bf16 units, else fp32 (precision.py)
     compile: bool = False
     average_last: int = 0  # average the last N saved checkpoints into the final model
     log_every: int = 10  # also how often the step's loss and grad norm are read back (a host sync)

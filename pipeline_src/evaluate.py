@@ -27,7 +27,8 @@ from .data.tokens import EOS, PAD, load_spm
 from .model import beam_search
 from .model.static_decode import beam_search_static
 from .stages import data_paths, output_path
-from .train import autocast, load_trained_model, select_device
+from .precision import autocast
+from .train import load_trained_model, select_device
 
 
 @torch.no_grad()

@@ -1,6 +1,7 @@
 """Train one task x cell x seed.
 
-GPU first (bf16 autocast, TF32, SDPA; optional torch.compile), CPU fallback with the same params.
+GPU first (bf16 autocast, TF32, SDPA; optional torch.compile), CPU fallback with the same params
+(bf16 autocast there too where the CPU has bf16 units: pipeline_src/precision.py).
 Resumable: the full training state (model, optimiser, RNGs, data position, best
 metric, patience, log) is saved atomically to a scratch directory every `eval_every` steps, and a
 restarted run continues from it; a run killed at any moment ends with the same weights and
@@ -25,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import batching, screening
+from . import allocator, batching, precision, screening
+from .precision import autocast
 from .compiling import compile_for_training, compiled_graphs, eager, token_loss
 from .common import (StageError, atomic_dir, cpu_name, atomic_write_json, atomic_write_text, progress, provenance,
                      seed_everything)
@@ -75,11 +77,6 @@ def select_device(study: Study) -> torch.device:
         return torch.device("cuda", claim_gpu())
     torch.set_num_threads(int(os.environ.get("PIPELINE_CPU_THREADS", "1")))
     return torch.device("cpu")
-
-
-def autocast(device: torch.device, precision: str):
-    use_bf16 = device.type == "cuda" and precision in ("auto", "bf16")
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16)
 
 
 def target_tokens(batch: dict) -> int:
@@ -413,10 +410,11 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         # when the training loop ran: how runs sharing a GPU overlapped (bench/study_throughput.py)
         "start_utc": _utc(started_unix), "end_utc": _utc(ended_unix),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
-        "cpu_count": os.cpu_count(), "peak_mem_mb": _memory_mb(device, peak=True), "precision": _precision_name(device, t.precision),
+        "cpu_count": os.cpu_count(), "peak_mem_mb": _memory_mb(device, peak=True), "precision": precision.name(device, t.precision),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
+        "achieved_flops": 3 * fpt * tokens_per_s,  # the convention of estimate.py (FLOPs at the max lengths)
         "resumed_from_step": resumed_from, "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
-        "warmup_s": meter.warmup_s, "compiled": compiled, "cuda_graphs": graphs,
+        "warmup_s": meter.warmup_s, "allocator": allocator.state(), "compiled": compiled, "cuda_graphs": graphs,
         "compile_scope": t.compile_scope if compiled else None, "compiled_graphs": compiled_graphs() if compiled else 0})
     # Written last, so its presence means every output above is complete. Numbers only in
     # the metrics file (what DVC and people compare); what the run was and how it
@@ -452,10 +450,6 @@ def _memory_mb(device, peak: bool = False) -> float:
         return (torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device)) / 2**20
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _precision_name(device, precision: str) -> str:
-    return "bf16-autocast" if device.type == "cuda" and precision in ("auto", "bf16") else "fp32"
 
 
 def _peak_flops(device) -> float | None:
