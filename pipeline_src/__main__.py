@@ -38,12 +38,19 @@ def _parser() -> argparse.ArgumentParser:
     stage("tables", "write the report's LaTeX tables")
     stage("claims", "test the study's claims and set its results beside published references")
     stage("report", "build report.tex and compile report.pdf")
+    sp = stage("check-reference", "compare a re-made run's metrics with a committed reference copy",
+               "task", "cell", "seed")
+    sp.add_argument("--reference", required=True, help="the reference directory (e.g. reports/reference/cpu)")
+    sp.add_argument("--make", action="store_true", help="copy the run's files into the reference instead")
     sp = stage("dvc-yaml", "write the dvc.yaml for a study from the stage table")
     sp.add_argument("--check", action="store_true", help="exit 1 if the file on disk is out of date")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .allocator import keep_freed_memory
+
+    keep_freed_memory()  # before torch allocates: large freed buffers are reused, not unmapped
     args = _parser().parse_args(argv)
     from .common import StageError
     from .config import ConfigError, load_study

@@ -1,0 +1,165 @@
+"""Does today's code still make a committed study's numbers? One run, re-made and compared.
+
+A reference directory (e.g. reports/reference/cpu/) keeps, for the runs chosen to be re-checked,
+the metrics files the train and evaluate stages wrote, under
+`check/<task>/<cell>/seed<N>/{train_metrics,eval_metrics,cost}.json`. After the stages have
+re-made that run from scratch (download -> ... -> evaluate; `.ci/run` does this),
+
+    python -m pipeline_src check-reference --params P --task T --cell C --seed N --reference DIR
+
+compares every figure. Same CPU model, same torch and same arithmetic (cost.json: device_name,
+precision; the versions from train_info.json): identical bytes are expected, and any figure that
+moved is printed with how far. The check fails when a figure moves beyond its tolerance:
+
+  BLEU +-0.3, chrF +-0.5 (points); perplexities +-1 % (relative); losses +-0.01 (nats, ~1 %
+  of perplexity); counts (parameters, FLOPs per token, steps, tokens, test sentences, words): exact.
+
+On another CPU model or torch version the same run is computed with other kernels, so its numbers
+are another draw of the run-to-run noise the seeds show: the tolerance of a figure is then the
+larger of the above and 3 standard deviations of that figure over the cell's seeds in the
+reference's summary.csv. Which rule applied is printed.
+
+With --make, the run's current files are copied into the reference instead (a deliberate
+regeneration, for a code change that is meant to move the numbers).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+from pathlib import Path
+
+from .common import StageError, package_versions
+from .config import Study
+from .stages import output_path
+
+ABSOLUTE = {"bleu": 0.3, "chrf": 0.5}
+RELATIVE_PPL = 0.01
+LOSS_NATS = 0.01
+EXACT = ("n_params", "flops_per_token", "steps", "epochs", "train_tokens", "n_test", "val_words", "test_words")
+NOT_COMPARED = ("best_step", "checkpoint_step")  # where the best validation fell: reported, not a result
+SEED_SPREAD = 3.0
+FILES = {"train_metrics.json": ("train", "metrics"), "eval_metrics.json": ("evaluate", "metrics"),
+         "cost.json": ("train", "cost"), "train_info.json": ("train", "info")}
+
+
+def reference_run_dir(reference: Path, task: str, cell: str, seed: int) -> Path:
+    return Path(reference) / "check" / task / cell / f"seed{seed}"
+
+
+def _figures(run_dir: Path) -> dict[str, float]:
+    train = json.loads((run_dir / "train_metrics.json").read_text())
+    evaluation = json.loads((run_dir / "eval_metrics.json").read_text())
+    figures = {k: v for k, v in train.items()}
+    figures.update({k: v for k, v in evaluation["metrics"].items() if isinstance(v, (int, float))})
+    figures["n_test"] = evaluation["n_test"]
+    return figures
+
+
+def _machine(run_dir: Path) -> dict:
+    cost = json.loads((run_dir / "cost.json").read_text())
+    info = json.loads((run_dir / "train_info.json").read_text())
+    return {"cpu": cost.get("device_name"), "precision": cost.get("precision"),
+            "torch": info.get("provenance", {}).get("versions", {}).get("torch")}
+
+
+def tolerance(name: str, value: float) -> tuple[float, str]:
+    """(allowed absolute difference, how it is stated) of a figure on the same machine type."""
+    if name in EXACT:
+        return 0.0, "exact"
+    if name in ABSOLUTE:
+        return ABSOLUTE[name], f"+-{ABSOLUTE[name]:g}"
+    if "ppl" in name:
+        return abs(value) * RELATIVE_PPL, f"+-{100 * RELATIVE_PPL:g} %"
+    if "loss" in name:
+        return LOSS_NATS, f"+-{LOSS_NATS:g}"
+    return 0.0, "exact"
+
+
+def seed_spread(reference: Path, task: str, cell: str) -> dict[str, float]:
+    """Standard deviation over seeds of every figure of the cell, from the reference's summary.csv."""
+    path = Path(reference) / "summary.csv"
+    if not path.exists():
+        return {}
+    with path.open() as f:
+        for row in csv.DictReader(f):
+            if row["task"] == task and row["cell"] == cell:
+                return {k[:-4]: float(v) for k, v in row.items() if k.endswith("_std") and v not in ("", "nan")}
+    return {}
+
+
+def compare(reference_dir: Path, run_dir: Path, spread: dict[str, float] | None = None) -> tuple[bool, list[str]]:
+    """(passed, report lines) for one run against its reference copy."""
+    ref_machine, run_machine = _machine(reference_dir), _machine(run_dir)
+    same_machine = ref_machine == run_machine
+    lines = []
+    if (reference_dir / "train_metrics.json").read_bytes() == (run_dir / "train_metrics.json").read_bytes() and \
+            (reference_dir / "eval_metrics.json").read_bytes() == (run_dir / "eval_metrics.json").read_bytes():
+        lines.append("identical: train_metrics.json and eval_metrics.json have the reference's bytes")
+        return True, lines
+    if same_machine:
+        lines.append(f"same machine type as the reference ({ref_machine}): identical bytes were expected; "
+                     f"figures compared with the stated tolerances")
+    else:
+        lines.append(f"other machine type: reference {ref_machine}, this run {run_machine}; a figure may move by "
+                     f"the larger of its tolerance and {SEED_SPREAD:g} seed standard deviations of the reference")
+    ref, now = _figures(reference_dir), _figures(run_dir)
+    passed = True
+    for name in sorted(set(ref) | set(now)):
+        if name in NOT_COMPARED:
+            if ref.get(name) != now.get(name):
+                lines.append(f"  {name}: {ref.get(name)} -> {now.get(name)} (not compared)")
+            continue
+        if name not in ref or name not in now:
+            passed = False
+            lines.append(f"  FAIL {name}: only in the {'reference' if name in ref else 'new run'}")
+            continue
+        a, b = float(ref[name]), float(now[name])
+        if a == b or (math.isnan(a) and math.isnan(b)):
+            continue
+        allowed, stated = tolerance(name, a)
+        if not same_machine and name not in EXACT and spread and name in spread:
+            if SEED_SPREAD * spread[name] > allowed:
+                allowed, stated = SEED_SPREAD * spread[name], f"+-{SEED_SPREAD:g} seed std = +-{allowed:.4g}"
+        diff = b - a
+        ok = abs(diff) <= allowed + 1e-12
+        passed &= ok
+        rel = f", {100 * diff / a:+.3f} %" if a else ""
+        lines.append(f"  {'ok  ' if ok else 'FAIL'} {name}: {a:.6g} -> {b:.6g} ({diff:+.4g}{rel}; tolerance {stated})")
+    return passed, lines
+
+
+def run(study: Study, task: str, cell: str, seed: int, reference: str, make: bool = False) -> int:
+    wc = dict(study=study.name, task=task, cell=cell, seed=seed)
+    run_files = {name: Path(output_path(stage, key, **wc)) for name, (stage, key) in FILES.items()}
+    missing = [str(p) for p in run_files.values() if not p.exists()]
+    if missing:
+        raise StageError(f"check-reference: {missing[0]} is missing: run the train and evaluate stages of "
+                         f"{task}/{cell}/seed{seed} first")
+    ref_dir = reference_run_dir(Path(reference), task, cell, seed)
+    if make:
+        ref_dir.mkdir(parents=True, exist_ok=True)
+        for name, path in run_files.items():
+            shutil.copyfile(path, ref_dir / name)
+        print(f"reference for {task}/{cell}/seed{seed} written to {ref_dir} (torch {package_versions()['torch']})")
+        return 0
+    if not (ref_dir / "eval_metrics.json").exists():
+        raise StageError(f"check-reference: no reference run in {ref_dir} (make one with --make)")
+    run_dir = Path(output_path("train", "metrics", **wc)).parent
+    staged = run_dir / ".check"  # the four files side by side, as in the reference directory
+    staged.mkdir(exist_ok=True)
+    for name, path in run_files.items():
+        shutil.copyfile(path, staged / name)
+    try:
+        passed, lines = compare(ref_dir, staged, seed_spread(Path(reference), task, cell))
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    print(f"{task}/{cell}/seed{seed} against {ref_dir}:")
+    print("\n".join(lines))
+    if not passed:
+        raise StageError(f"check-reference: {task}/{cell}/seed{seed} moved beyond its tolerance (figures above); "
+                         f"if the change is meant to move the numbers, regenerate the reference study and its "
+                         f"check run in the same commit series")
+    print("PASS")
+    return 0
