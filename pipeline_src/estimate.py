@@ -8,10 +8,15 @@ exactly as train.py computes them for MFU, so the benchmark's achieved FLOP/s (s
 converts them to time. Hours = FLOPs / the achieved
 FLOP/s of the most recent real-cell benchmark (cost.json: MFU x measured peak), if there is one:
 reports/bench/real_cell.json (bench/bench_real_cell.py) first, else the committed H100 record.
+A CPU study (device: cpu; auto shows both) uses the CPU records instead: the achieved FLOP/s of
+one single-threaded training job, and as many jobs at a time as the machine has cores (what
+`snakemake --cores N` runs), so the wall-clock line is training only: data preparation,
+evaluation and the report come on top.
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .config import Study
@@ -21,6 +26,8 @@ from .model import ModelConfig, flops_per_token
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_FILES = (ROOT / "reports" / "bench" / "real_cell.json",
                ROOT / "bench" / "results" / "h100" / "real_cell_multi30k_cost.json")
+CPU_BENCH_FILES = (ROOT / "reports" / "bench" / "real_cell_cpu.json",
+                   ROOT / "bench" / "results" / "cpu" / "real_cell_cpu.json")
 
 
 def job_compute(study: Study, task: str, cell_name: str) -> tuple[float, float]:
@@ -39,9 +46,9 @@ def job_compute(study: Study, task: str, cell_name: str) -> tuple[float, float]:
     return tokens, 3 * fpt * tokens
 
 
-def measured_throughput() -> tuple[float, str] | None:
+def measured_throughput(files=None) -> tuple[float, str] | None:
     """(achieved training FLOP/s, a description of where it was measured) or None."""
-    for path in BENCH_FILES:
+    for path in BENCH_FILES if files is None else files:
         if not path.exists():
             continue
         record = json.loads(path.read_text())
@@ -72,12 +79,27 @@ def summary(study: Study) -> str:
                      f"{tokens:.3g} training tokens, {flops:.3g} FLOPs")
     text = f"estimated training compute (upper bound: max_steps, no early stopping): " \
            f"{total_tokens:.3g} tokens, {total_flops:.3g} FLOPs"
-    measured = measured_throughput()
-    if measured:
-        rate, where = measured
-        hours = total_flops / rate / 3600
-        when = f"{hours:,.1f} device-hours" if hours >= 1 else f"{hours * 60:.1f} device-minutes"
-        text += f"\n  = {when} at {rate / 1e12:.1f} TFLOP/s achieved by the last real-cell benchmark ({where})"
-    else:
-        text += "\n  (no real-cell benchmark yet: bench/bench_real_cell.py measures the throughput for hours)"
+    if study.device in ("cuda", "auto"):
+        measured = measured_throughput()
+        if measured:
+            rate, where = measured
+            hours = total_flops / rate / 3600
+            when = f"{hours:,.1f} device-hours" if hours >= 1 else f"{hours * 60:.1f} device-minutes"
+            text += f"\n  = {when} at {rate / 1e12:.1f} TFLOP/s achieved by the last real-cell benchmark ({where})"
+        else:
+            text += "\n  (no real-cell benchmark yet: bench/bench_real_cell.py measures the throughput for hours)"
+    if study.device in ("cpu", "auto"):
+        text += "\n" + cpu_line(total_flops, len(study.seeds) * sum(len(study.own_cells(n)) for n in study.all_tasks))
     return "\n".join([text, *lines])
+
+
+def cpu_line(total_flops: float, runs: int, cores: int | None = None) -> str:
+    measured = measured_throughput(CPU_BENCH_FILES)
+    if not measured:
+        return "  (no CPU real-cell benchmark yet: bench/bench_real_cell.py --name real_cell_cpu measures it)"
+    rate, where = measured
+    cores = cores or os.cpu_count() or 1
+    core_min = total_flops / rate / 60
+    wall_min = core_min / max(1, min(cores, runs))
+    return (f"  = {core_min:,.0f} CPU core-minutes at {rate / 1e9:.0f} GFLOP/s per one-thread training job ({where}); "
+            f"{min(cores, runs)} jobs at a time on this machine's {cores} cores: ~{wall_min:,.0f} min of training")
