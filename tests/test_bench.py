@@ -17,6 +17,8 @@ MIRROR = Path(os.environ.get("PIPELINE_DATA_MIRROR", ROOT.parent / "shared" / "d
                                           ("bench_compile.py", "compile_warmup.json"),
                                           pytest.param("bench_real_cell.py", "real_cell.json", marks=pytest.mark.skipif(
                                               not (MIRROR / "multi30k").is_dir(), reason="needs the mirror's Multi30k")),
+                                          pytest.param("bench_cpu_cell.py", "cpu_cell.json", marks=pytest.mark.skipif(
+                                              not (MIRROR / "multi30k").is_dir(), reason="needs the mirror's Multi30k")),
                                           pytest.param("bench_decode_articles.py", "decode_articles.json",
                                                        marks=pytest.mark.skipif(not (MIRROR / "cnn_dailymail").is_dir(),
                                                                                 reason="needs the mirror's CNN/DailyMail"))])
@@ -38,5 +40,9 @@ def test_benchmark_quick_run_writes_its_record(bench, record, tmp_path):
     if bench == "bench_compile.py":  # both runs of the variant compiled its regions and stepped every shape
         (result,) = data["results"]
         assert result["cold"]["graphs_compiled"] > 0 and len(result["warm_cache"]["shapes"]) == 2
+    if bench == "bench_cpu_cell.py":  # both precisions stepped; the real cell trained under both allocators, same bytes
+        assert all(r["fp32_ms"] > 0 and r["bf16_ms"] > 0 for r in data["isolated_steps"])
+        assert {c["allocator"] for c in data["real_cell"]} == {"glibc-keep", "system"}
+        assert data["same_metrics_either_allocator"] is True
     if bench == "bench_real_cell.py":  # the real train + evaluate stages ran on the mirror's Multi30k
         assert data["steps"] > 0 and data["decode_sentences"] > 0 and data["cost"]["tokens_per_s"] > 0
