@@ -10,8 +10,9 @@ CORES ?= 2
 DEMO := workflow/studies/demo/params.yaml
 MIRROR := workflow/studies/mirror/params.yaml
 GPU_STUDY := workflow/studies/gpu/params.yaml
+CPU_STUDY := workflow/studies/cpu/params.yaml
 
-.PHONY: install system-deps demo mirror full slurm cluster-test test bench dvc-yaml lint clean
+.PHONY: install system-deps demo mirror cpu-study full slurm cluster-test test bench dvc-yaml lint clean
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +42,11 @@ mirror: install
 	dvc repro workflow/studies/mirror/dvc.yaml
 	@echo "report: $(CURDIR)/reports/mirror/report.pdf"
 
+# The reference CPU study: Multi30k and PTB in full, two one-thread jobs at a time (~90 min on 2 cores);
+# the same command continues a stopped run. Products -> reports/reference/cpu/.
+cpu-study: install
+	bash workflow/studies/cpu/run.sh
+
 # The real study (params.yaml): needs the Hub or PIPELINE_DATA_MIRROR, and a GPU to finish in days not months.
 full: install
 	snakemake --cores 8 --resources gpu=1
@@ -68,6 +74,7 @@ dvc-yaml: install
 	python -m pipeline_src dvc-yaml --params $(DEMO)
 	python -m pipeline_src dvc-yaml --params $(MIRROR)
 	python -m pipeline_src dvc-yaml --params $(GPU_STUDY)
+	python -m pipeline_src dvc-yaml --params $(CPU_STUDY)
 
 lint: install
 	snakemake --lint
