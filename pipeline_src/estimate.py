@@ -54,12 +54,17 @@ def measured_throughput(files=None) -> tuple[float, str] | None:
         record = json.loads(path.read_text())
         # a bench_real_cell report (its "cost", possibly under "results") or a bare cost.json
         cost = record.get("cost") or record.get("results", {}).get("cost") or record
+        where = f"{cost.get('device_name', cost.get('device'))}, {_shown(path)}"
         if cost.get("mfu") and cost.get("peak_flops"):
-            where = f"{cost.get('device_name', cost.get('device'))}, {path.relative_to(ROOT)}"
             return cost["mfu"] * cost["peak_flops"], where
         if cost.get("achieved_flops"):
-            return cost["achieved_flops"], f"{cost.get('device_name', cost.get('device'))}, {path.relative_to(ROOT)}"
+            return cost["achieved_flops"], where
     return None
+
+
+def _shown(path: Path) -> str:
+    """The record's path as a reader of the project finds it (relative to its root when inside)."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def summary(study: Study) -> str:
@@ -84,7 +89,7 @@ def summary(study: Study) -> str:
         if measured:
             rate, where = measured
             hours = total_flops / rate / 3600
-            when = f"{hours:,.1f} device-hours" if hours >= 1 else f"{hours * 60:.1f} device-minutes"
+            when = f"{hours:,.1f} GPU-hours" if hours >= 1 else f"{hours * 60:.1f} GPU-minutes"
             text += f"\n  = {when} at {rate / 1e12:.1f} TFLOP/s achieved by the last real-cell benchmark ({where})"
         else:
             text += "\n  (no real-cell benchmark yet: bench/bench_real_cell.py measures the throughput for hours)"
