@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .common import ConfigError
+
 # Metrics with per-example test outputs: the evidence resamples (seed, test example) pairs and
 # the p-value comes from the paired bootstrap of the aggregate stage.
 EXAMPLE_METRICS = {
@@ -75,7 +77,6 @@ class Reference:
 
 
 def _task_and_cells(entry: dict, key: str, raw: dict, enabled: dict, where: str, cells_keys: tuple) -> str:
-    from .config import ConfigError
 
     task = entry["task"]
     if task not in raw["tasks"]:
@@ -91,7 +92,6 @@ def _task_and_cells(entry: dict, key: str, raw: dict, enabled: dict, where: str,
 
 def parse_claims(raw: dict, tasks: dict, where: str) -> tuple[Claim, ...]:
     """raw: the schema-checked params file; tasks: the enabled TaskConfigs by name."""
-    from .config import ConfigError
 
     out = []
     for name, c in (raw.get("claims") or {}).items():
@@ -119,7 +119,6 @@ def parse_claims(raw: dict, tasks: dict, where: str) -> tuple[Claim, ...]:
 
 
 def parse_references(raw: dict, tasks: dict, where: str) -> tuple[Reference, ...]:
-    from .config import ConfigError
 
     out = []
     for i, r in enumerate(raw.get("references") or []):

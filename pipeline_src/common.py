@@ -18,6 +18,10 @@ class StageError(RuntimeError):
     """A stage could not do its work (bad data, missing corpus...). str(err) is one line."""
 
 
+class ConfigError(ValueError):
+    """A bad params file. str(err) is a single line naming the key."""
+
+
 def _tmp_sibling(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -18,16 +18,14 @@ from typing import Any
 
 import yaml
 
+from .common import ConfigError  # noqa: F401  (raised here; re-exported for callers)
+
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "params.schema.yaml"
 NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 SPLITS = ("train", "validation", "test")
 
 
 BASE_FILTER_VARIANT = "default"  # the task's own filter settings (no cell override)
-
-
-class ConfigError(ValueError):
-    """A bad params file. str(err) is a single line naming the key."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,7 +63,7 @@ class TrainConfig:
     compile: bool = False
     average_last: int = 0  # average the last N saved checkpoints into the final model
     log_every: int = 10  # also how often the step's loss and grad norm are read back (a host sync)
-    # Speed (issue 11). length_buckets N > 0: static batch shapes, lengths rounded up to a grid of
+    # Speed. length_buckets N > 0: static batch shapes, lengths rounded up to a grid of
     # N lengths per doubling (batching.seq2seq_bucket_batches); 0 = token-budget batches of any shape.
     length_buckets: int = 0
     prefetch: bool | None = None  # collate batches in a background thread; null = on for CUDA only

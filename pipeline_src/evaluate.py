@@ -146,13 +146,9 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     if screening.write_not_promoted_eval(study, task, cell_name, seed):  # its training was not promoted
         return
     cell = study.cell(task, cell_name)
-    ev, t = cell.eval, cell.train
     wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
     ckpt = Path(output_path("train", "ckpt", **wc))
     bpe_dir = Path(data_paths(study, task, cell_name)[1])  # the cell's data variant
-    out_dir = Path(output_path("evaluate", "outputs", **wc))
-    metrics_path = Path(output_path("evaluate", "metrics", **wc))
-    info_path = Path(output_path("evaluate", "info", **wc))
     if not (ckpt / "best.pt").exists():
         raise StageError(f"{ckpt}: no best.pt; run the train stage for {task}/{cell_name}/seed{seed} first")
 
@@ -164,87 +160,111 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
     model, meta = load_trained_model(ckpt, device)
     sp = load_spm(bpe_dir)
-    arch = cell.model["arch"]
-    result: dict = {}
-    per_example = []
-    references: dict[str, dict[str, list]] = {}  # split -> the filtered split's columns, read once
-    samples = []
-    files: dict[str, str] = {}
+    evaluation = lm_evaluation if cell.kind == "lm" else seq2seq_evaluation
+    result, per_example, samples, files = evaluation(study, task, cell_name, seed, model, sp, bpe_dir, device)
+    write_outputs(study, task, cell_name, seed, model, device, meta, result, per_example, samples, files)
 
-    if cell.kind == "lm":
-        rows = max(1, t.batch_tokens // t.lm_seq_len)
-        for split in ("validation", "test"):
-            stream, ends = batching.load_lm_stream(bpe_dir, split)
-            nll, count = lm_nll(model, stream, ends, t.lm_seq_len, rows, device, t.precision)
-            references[split] = _references(study, task, split, bpe_dir, cell_name)
-            line_words = [len(str(x).split()) + 1 for x in references[split]["text"]]
-            words = _word_denominator(study, task, split, len(ends), sum(line_words), cell_name)
-            short = "val" if split == "validation" else "test"
-            result[f"{short}_loss"] = float(nll.sum() / count.sum())
-            result[f"{short}_ppl"] = metrics.perplexity(float(nll.sum()), int(count.sum()))
-            result[f"{short}_ppl_word"] = metrics.perplexity(float(nll.sum()), words)
-            result[f"{short}_words"] = words  # the denominator, stated beside the figure
-            per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
-                            for i, (a, b, w) in enumerate(zip(nll, count, line_words))]
-        if not cell.leaks_future:
-            samples = _lm_samples(model, sp, references["test"]["text"], ev.n_samples, device)
+
+def lm_evaluation(study: Study, task: str, cell_name: str, seed: int, model, sp, bpe_dir: Path, device):
+    """Perplexity per token and per word on validation and test; a few greedy continuations.
+    Returns (metrics, per-example rows, samples, files for outputs/)."""
+    cell = study.cell(task, cell_name)
+    t = cell.train
+    result, per_example = {}, []
+    rows = max(1, t.batch_tokens // t.lm_seq_len)
+    test_lines: list = []
+    for split in ("validation", "test"):
+        stream, ends = batching.load_lm_stream(bpe_dir, split)
+        nll, count = lm_nll(model, stream, ends, t.lm_seq_len, rows, device, t.precision)
+        lines = _references(study, task, split, bpe_dir, cell_name)["text"]
+        line_words = [len(str(x).split()) + 1 for x in lines]
+        words = _word_denominator(study, task, split, len(ends), sum(line_words), cell_name)
+        short = "val" if split == "validation" else "test"
+        result[f"{short}_loss"] = float(nll.sum() / count.sum())
+        result[f"{short}_ppl"] = metrics.perplexity(float(nll.sum()), int(count.sum()))
+        result[f"{short}_ppl_word"] = metrics.perplexity(float(nll.sum()), words)
+        result[f"{short}_words"] = words  # the denominator, stated beside the figure
+        per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
+                        for i, (a, b, w) in enumerate(zip(nll, count, line_words))]
+        test_lines = lines
+    samples = [] if cell.leaks_future else _lm_samples(model, sp, test_lines, cell.eval.n_samples, device)
+    return result, per_example, samples, {}
+
+
+def seq2seq_evaluation(study: Study, task: str, cell_name: str, seed: int, model, sp, bpe_dir: Path, device):
+    """Perplexity on validation and test; beam search on test, scored with BLEU/chrF (translation)
+    or ROUGE beside lead-3 (summarisation). Returns (metrics, per-example rows, samples, files)."""
+    cell = study.cell(task, cell_name)
+    ev, t, arch = cell.eval, cell.train, cell.model["arch"]
+    result, per_example, references = {}, [], {}
+    for split in ("validation", "test"):
+        data = batching.load_seq2seq(bpe_dir, split, t.max_src_len, t.max_tgt_len,
+                                     limit=ev.max_examples if split == "test" else None)
+        nll, count = seq2seq_nll(model, data, arch, t.batch_tokens, device, t.precision)
+        short = "val" if split == "validation" else "test"
+        result[f"{short}_loss"] = float(nll.sum() / count.sum())
+        result[f"{short}_ppl"] = metrics.perplexity(float(nll.sum()), int(count.sum()))
+        # Per-word perplexity: the same summed NLL over the reference's words (+1 for the
+        # end of sequence), so cells with different tokenizers compare; per-token cannot.
+        references[split] = _references(study, task, split, bpe_dir, cell_name)
+        ref_words = [len(str(x).split()) + 1 for x in references[split]["tgt"][: len(nll)]]
+        result[f"{short}_ppl_word"] = metrics.perplexity(float(nll.sum()), int(sum(ref_words)))
+        per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
+                        for i, (a, b, w) in enumerate(zip(nll, count, ref_words))]
+    test = batching.load_seq2seq(bpe_dir, "test", t.max_src_len, t.max_tgt_len, limit=ev.max_examples)
+    refs_frame = {k: v[: len(test)] for k, v in references["test"].items()}
+    hyp_ids = decode_all(model, test, ev, device, t.precision, desc=f"decode {task}/{cell_name}/s{seed}")
+    hyps = [sp.decode(h) for h in hyp_ids]
+    refs = [str(r) for r in refs_frame["tgt"]]
+    srcs = [str(s) for s in refs_frame["src"]]
+    if cell.kind == "translation":
+        bleu, chrf = metrics.bleu(hyps, refs), metrics.chrf(hyps, refs)
+        result.update(bleu=bleu["bleu"], bleu_signature=bleu["signature"], chrf=chrf["chrf"],
+                      chrf_signature=chrf["signature"])
+        files = {"hyps.txt": _lines(hyps), "refs.txt": _lines(refs), "srcs.txt": _lines(srcs)}
     else:
-        limit = ev.max_examples
-        for split in ("validation", "test"):
-            data = batching.load_seq2seq(bpe_dir, split, t.max_src_len, t.max_tgt_len,
-                                         limit=limit if split == "test" else None)
-            nll, count = seq2seq_nll(model, data, arch, t.batch_tokens, device, t.precision)
-            short = "val" if split == "validation" else "test"
-            result[f"{short}_loss"] = float(nll.sum() / count.sum())
-            result[f"{short}_ppl"] = metrics.perplexity(float(nll.sum()), int(count.sum()))
-            # Per-word perplexity: the same summed NLL over the reference's words (+1 for the
-            # end of sequence), so cells with different tokenizers compare; per-token cannot.
-            references[split] = _references(study, task, split, bpe_dir, cell_name)
-            ref_words = [len(str(x).split()) + 1 for x in references[split]["tgt"][: len(nll)]]
-            result[f"{short}_ppl_word"] = metrics.perplexity(float(nll.sum()), int(sum(ref_words)))
-            per_example += [{"split": split, "index": i, "nll": float(a), "tokens": int(b), "words": w}
-                            for i, (a, b, w) in enumerate(zip(nll, count, ref_words))]
-        test = batching.load_seq2seq(bpe_dir, "test", t.max_src_len, t.max_tgt_len, limit=limit)
-        refs_frame = {k: v[: len(test)] for k, v in references["test"].items()}
-        hyp_ids = decode_all(model, test, ev, device, t.precision, desc=f"decode {task}/{cell_name}/s{seed}")
-        hyps = [sp.decode(h) for h in hyp_ids]
-        refs = [str(r) for r in refs_frame["tgt"]]
-        srcs = [str(s) for s in refs_frame["src"]]
-        if cell.kind == "translation":
-            bleu, chrf = metrics.bleu(hyps, refs), metrics.chrf(hyps, refs)
-            result.update(bleu=bleu["bleu"], bleu_signature=bleu["signature"], chrf=chrf["chrf"],
-                          chrf_signature=chrf["signature"])
-            files = {"hyps.txt": _lines(hyps), "refs.txt": _lines(refs), "srcs.txt": _lines(srcs)}
-        else:
-            scores, per = metrics.rouge(hyps, refs, n_boot=ev.bootstrap, seed=seed)
-            lead = [metrics.lead3(s) for s in srcs]
-            lead_scores, lead_per = metrics.rouge(lead, refs, n_boot=ev.bootstrap, seed=seed)
-            result.update({k: v for k, v in scores.items()})
-            result.update({f"lead3_{k}": v for k, v in lead_scores.items() if not k.endswith("_ci")})
-            files = {
-                "predictions.jsonl": "".join(json.dumps({"source": s, "reference": r, "hypothesis": h, "lead3": l},
-                                                        ensure_ascii=False) + "\n"
-                                             for s, r, h, l in zip(srcs, refs, hyps, lead)),
-                "scores.tsv": _tsv(list(per[0]) + [f"lead3_{k}" for k in lead_per[0]],
-                                   [[p[k] for k in p] + [q[k] for k in q] for p, q in zip(per, lead_per)]),
-            }
-        samples = [{"source": s, "reference": r, "hypothesis": h} for s, r, h in zip(srcs, refs, hyps)][: ev.n_samples]
+        result_rouge, files = _summary_scores(hyps, refs, srcs, ev.bootstrap, seed)
+        result.update(result_rouge)
+    samples = [{"source": s, "reference": r, "hypothesis": h} for s, r, h in zip(srcs, refs, hyps)][: ev.n_samples]
+    return result, per_example, samples, files
 
-    with atomic_dir(out_dir) as tmp:
+
+def _summary_scores(hyps: list[str], refs: list[str], srcs: list[str], n_boot: int, seed: int) -> tuple[dict, dict]:
+    """ROUGE of the summaries and of the lead-3 baseline on the same articles, and the files."""
+    scores, per = metrics.rouge(hyps, refs, n_boot=n_boot, seed=seed)
+    lead = [metrics.lead3(s) for s in srcs]
+    lead_scores, lead_per = metrics.rouge(lead, refs, n_boot=n_boot, seed=seed)
+    result = dict(scores)
+    result.update({f"lead3_{k}": v for k, v in lead_scores.items() if not k.endswith("_ci")})
+    files = {
+        "predictions.jsonl": "".join(json.dumps({"source": s, "reference": r, "hypothesis": h, "lead3": l},
+                                                ensure_ascii=False) + "\n"
+                                     for s, r, h, l in zip(srcs, refs, hyps, lead)),
+        "scores.tsv": _tsv(list(per[0]) + [f"lead3_{k}" for k in lead_per[0]],
+                           [[p[k] for k in p] + [q[k] for k in q] for p, q in zip(per, lead_per)]),
+    }
+    return result, files
+
+
+def write_outputs(study: Study, task: str, cell_name: str, seed: int, model, device, meta: dict, result: dict,
+                  per_example: list[dict], samples: list[dict], files: dict[str, str]) -> None:
+    """outputs/ (per-example NLLs and the decoded files), eval_metrics.json (numbers only) and
+    eval_info.json (identity, metric signatures, samples, provenance)."""
+    cell = study.cell(task, cell_name)
+    wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
+    with atomic_dir(Path(output_path("evaluate", "outputs", **wc))) as tmp:
         columns = ["split", "index", "nll", "tokens", "words"]
         (tmp / "per_example.tsv").write_text(_tsv(columns, [[p[c] for c in columns] for p in per_example]))
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
-    # Numbers only in the metrics file; identity, metric signatures, samples and provenance go to
-    # eval_info.json.
     signatures = {k: result.pop(k) for k in [k for k in result if k.endswith("_signature")]}
-    atomic_write_json(metrics_path, {
+    atomic_write_json(Path(output_path("evaluate", "metrics", **wc)), {
         "metrics": result, "n_test": int(sum(p["split"] == "test" for p in per_example)),
         "checkpoint_step": meta.get("step")})
-    atomic_write_json(info_path, {
+    atomic_write_json(Path(output_path("evaluate", "info", **wc)), {
         "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
         "leaks_future": cell.leaks_future, "signatures": signatures, "samples": samples,
-        "decoding": decoding_method(ev, model, device) if cell.kind != "lm" else None,
+        "decoding": decoding_method(cell.eval, model, device) if cell.kind != "lm" else None,
         "provenance": provenance(study, seed=seed)})
     shown = ", ".join(f"{k}={v:.3f}" for k, v in result.items() if isinstance(v, float) and not math.isnan(v))
     print(f"evaluated {task}/{cell_name}/seed{seed}: {shown}", flush=True)

@@ -23,9 +23,11 @@ CODE_PATTERNS = {
     "download": ["pipeline_src/data/__init__.py", "pipeline_src/data/download.py", "pipeline_src/data/demo.py"],
     "filter": ["pipeline_src/data/__init__.py", "pipeline_src/data/filter.py"],
     "bpe": ["pipeline_src/data/__init__.py", "pipeline_src/data/tokens.py", "pipeline_src/bpe.py"],
-    "train": ["pipeline_src/train.py", "pipeline_src/compiling.py", "pipeline_src/optim.py", "pipeline_src/precision.py",
-              "pipeline_src/screening.py", _MODEL],
-    "evaluate": ["pipeline_src/evaluate.py", "pipeline_src/metrics.py", "pipeline_src/precision.py", _MODEL],
+    "train": ["pipeline_src/train.py", "pipeline_src/train_state.py", "pipeline_src/train_outputs.py",
+              "pipeline_src/batching.py", "pipeline_src/step_meter.py", "pipeline_src/compiling.py", "pipeline_src/optim.py",
+              "pipeline_src/precision.py", "pipeline_src/screening.py", _MODEL],
+    "evaluate": ["pipeline_src/evaluate.py", "pipeline_src/metrics.py", "pipeline_src/batching.py",
+                 "pipeline_src/precision.py", _MODEL],
     "promote": ["pipeline_src/screening.py", "pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
     "aggregate": ["pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
     "figures": ["pipeline_src/report/figures.py"],
@@ -170,18 +172,28 @@ def _group(task, cell: str | None = None) -> str:
 
 
 def build_jobs(study: Study) -> list[Job]:
-    """All jobs of a study, grouped by stage."""
-    jobs: list[Job] = []
+    """All jobs of a study, grouped by stage: data, runs, screening promotions, the report."""
+    jobs = data_jobs(study)
+    train_jobs, eval_jobs = run_jobs(study)
+    promote_jobs = [_job(study, "promote", screen.name, {"screen": screen.name},
+                         [j.out(n) for j in eval_jobs if j.wildcards["task"] == screen.stage_tasks[0]
+                          for n in ("outputs", "metrics")],
+                         _existing(study, f"screening.{screen.name}"), {"screen": screen.name})
+                    for screen in study.screens.values()]
+    jobs += train_jobs + eval_jobs + promote_jobs
+    return jobs + report_jobs(study, jobs, train_jobs, eval_jobs, promote_jobs)
+
+
+def data_jobs(study: Study) -> list[Job]:
+    """download per dataset; filter per filter variant and bpe per (filter, tokenizer) variant of
+    each task: the DAG forks at the earliest data stage a cell changes. A variant job's settings
+    are in its command (--fv/--tv name them), so its param hash covers them too."""
     s = study.name
-    used_datasets = list(dict.fromkeys(t.dataset for t in study.tasks.values()))
-    for ds in used_datasets:
-        jobs.append(_job(study, "download", ds, {"dataset": ds}, [], [f"datasets.{ds}"], {"dataset": ds}))
+    jobs = [_job(study, "download", ds, {"dataset": ds}, [], [f"datasets.{ds}"], {"dataset": ds})
+            for ds in dict.fromkeys(t.dataset for t in study.tasks.values())]
     for task in study.all_tasks.values():
         raw = output_path("download", "raw", study=s, dataset=task.dataset)
         fvs, pairs = study.data_variants(task.name)
-        # One filter job per filter variant and one bpe job per (filter, tokenizer) variant: the
-        # DAG forks at the earliest data stage a cell changes. A variant job's settings are in
-        # its command (--fv/--tv name them), so its param hash covers them too.
         for fv in fvs:
             wc = {"task": task.name, "fv": fv}
             jobs.append(_job(study, "filter", f"{task.name}-{fv}", dict(wc, dataset=task.dataset), [raw],
@@ -193,9 +205,14 @@ def build_jobs(study: Study) -> list[Job]:
             jobs.append(_job(study, "bpe", f"{task.name}-{fv}-{tv}", wc, [filtered],
                              _task_keys(study, task, "bpe"), {"task": task.name, "fv": fv, "tv": tv},
                              extra_hash=study.bpe_config(task.name, fv, tv), group=_group(task)))
+    return jobs
+
+
+def run_jobs(study: Study) -> tuple[list[Job], list[Job]]:
+    """(train jobs, evaluate jobs): one of each per task x cell x seed. Stage two of a screening
+    has only the cells the screened task's grid does not train."""
     train_jobs, eval_jobs = [], []
     for task in study.all_tasks.values():
-        # (stage two of a screening: only the cells the screened task's grid does not train)
         for cell in study.own_cells(task.name):
             fv, tv = study.data_variant(task.name, cell)
             bpe = data_paths(study, task.name, cell)[1]
@@ -210,23 +227,21 @@ def build_jobs(study: Study) -> list[Job]:
                 gate = [promotion_path(study, task.screen)] if _group(task, cell).endswith("-gated") else []
                 train_jobs.append(_job(study, "train", key, wc, [bpe] + gate, train_params, args,
                                        group=_group(task, cell)))
-                ckpt = output_path("train", "ckpt", study=s, **wc)
+                ckpt = output_path("train", "ckpt", study=study.name, **wc)
                 eval_params = _task_keys(study, task, "eval") + _existing(study, f"cells.{cell}")
                 eval_jobs.append(_job(study, "evaluate", key, wc, [bpe, ckpt], eval_params, args,
                                       group=_group(task)))
-    promote_jobs = []
-    for screen in study.screens.values():
-        s1 = screen.stage_tasks[0]
-        deps = [j.out(n) for j in eval_jobs if j.wildcards["task"] == s1 for n in ("outputs", "metrics")]
-        promote_jobs.append(_job(study, "promote", screen.name, {"screen": screen.name}, deps,
-                                 _existing(study, f"screening.{screen.name}"), {"screen": screen.name}))
+    return train_jobs, eval_jobs
+
+
+def report_jobs(study: Study, jobs: list[Job], train_jobs: list[Job], eval_jobs: list[Job],
+                promote_jobs: list[Job]) -> list[Job]:
+    """aggregate, figures, tables, claims, report. Their per-task parts cover the study's own
+    tasks; screening stages feed only the screening tables."""
+    s, wc = study.name, {}
     main_tasks = set(study.tasks)
-    jobs += train_jobs + eval_jobs + promote_jobs
-    # The report's per-task parts cover the study's own tasks; screening stages feed only the
-    # screening tables.
     train_jobs = [j for j in train_jobs if j.wildcards["task"] in main_tasks]
     eval_jobs = [j for j in eval_jobs if j.wildcards["task"] in main_tasks]
-    wc = {}
     filtered_all = [j.out("filtered") for j in jobs if j.stage == "filter" and j.wildcards["task"] in main_tasks]
     run_files = [j.out(n) for j in train_jobs for n in ("metrics", "info", "cost")]
     eval_files = [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")]
@@ -243,7 +258,7 @@ def build_jobs(study: Study) -> list[Job]:
     screen_runs = [dict(study=s, task=study.run_task(t, c), cell=c, seed=seed)
                    for t in study.screen_tasks for c in study.task(t).cells for seed in study.seeds]
     screening = [j.out("promotion") for j in promote_jobs] + [
-        output_path(stage, name, **wc) for wc in screen_runs
+        output_path(stage, name, **run) for run in screen_runs
         for stage, name in (("evaluate", "outputs"), ("evaluate", "metrics"), ("train", "metrics"))]
     # (the data tables describe each task's data as its baseline cell sees it)
     base_data = [p for t in study.tasks for p in data_paths(study, t)]
@@ -255,8 +270,7 @@ def build_jobs(study: Study) -> list[Job]:
     report = _job(study, "report", s, wc, [figs.out("figures"), tabs.out("tables")] + list(agg.outs.values())
                   + list(claims.outs.values()) + [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")],
                   _existing(study, "report", "study"), {})
-    jobs += [agg, figs, tabs, claims, report]
-    return jobs
+    return [agg, figs, tabs, claims, report]
 
 
 def jobs_by_stage(study: Study) -> dict[str, dict[str, Job]]:

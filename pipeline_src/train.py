@@ -1,46 +1,250 @@
-"""Train one task x cell x seed.
+"""Stage `train`: one task x cell x seed.
 
 GPU first (bf16 autocast, TF32, SDPA; optional torch.compile), CPU fallback with the same params
 (bf16 autocast there too where the CPU has bf16 units: pipeline_src/precision.py).
-Resumable: the full training state (model, optimiser, RNGs, data position, best
-metric, patience, log) is saved atomically to a scratch directory every `eval_every` steps, and a
-restarted run continues from it; a run killed at any moment ends with the same weights and
-metrics as one that was never interrupted (bit for bit on CPU).
 
-Outputs (paths from the stage table): ckpt/{best,last}.pt (+ averaged.pt), train_metrics.json
-(numbers only; deterministic: same params + seed -> same bytes on CPU), train_info.json (identity,
-outcome, resolved config, provenance), train_log.tsv, cost.json (wall clock).
+How it reads: `run()` builds a `Trainer` (set-up: data, model, optimiser, compilation, and the
+state of an interrupted run, if any), calls `Trainer.train()` (the loop: one `train_step` per
+optimiser step; every `log_every` steps a log row; every `eval_every` steps `evaluate` and
+`save_state`), then `train_outputs.write_outputs()`. Resumable: the full training state (model,
+optimiser, RNGs, data position, best metric, patience, log) is saved atomically after every
+evaluation (train_state.py), and a restarted run continues from it; a run killed at any moment
+ends with the same weights and metrics as one that was never interrupted (bit for bit on CPU).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import datetime
 import math
 import os
-import random
-import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from . import allocator, batching, precision, screening
-from .precision import autocast
-from .compiling import compile_for_training, compiled_graphs, eager, token_loss
-from .common import (StageError, atomic_dir, cpu_name, atomic_write_json, atomic_write_text, progress, provenance,
-                     seed_everything)
+from . import batching, screening, train_state
+from .common import StageError, progress, seed_everything
+from .compiling import compile_for_training, eager, token_loss
 from .config import CellConfig, Study
 from .data.tokens import BOS, EOS, PAD, load_spm
 from .gpu_slots import claim_gpu
-from .optim import adamw
 from .model import ModelConfig, Transformer, count_parameters, flops_per_token
+from .optim import adamw
+from .precision import autocast
 from .stages import SCRATCH, data_paths, output_path
 from .step_meter import StepMeter
+from .train_outputs import memory_mb, write_outputs
 
-STATE_FORMAT = 2  # 2: optimiser per device (pipeline_src/optim.py), no scheduler state
-LOG_COLUMNS = ["step", "epoch", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mem_mb"]
+
+def run(study: Study, task: str, cell_name: str, seed: int) -> None:
+    screening.require_own_run(study, "train", task, cell_name)
+    if not screening.promoted(study, task, cell_name):  # stage two of a screening, family not promoted
+        return screening.write_not_promoted_train(study, task, cell_name, seed)
+    trainer = Trainer(study, task, cell_name, seed)
+    trainer.train()
+    if trainer.rank == 0:  # rank 0 writes every output
+        trainer.evaluate_if_never_evaluated()
+        write_outputs(trainer)
+
+
+class Trainer:
+    """One training run: its set-up (`__init__`), the loop (`train`), and the state it carries
+    from step to step (`self.state`: plain values, saved with the weights by `save_state`)."""
+
+    def __init__(self, study: Study, task: str, cell_name: str, seed: int):
+        self.study, self.task, self.cell_name, self.seed = study, task, cell_name, seed
+        self.cell = cell = study.cell(task, cell_name)
+        self.t = t = cell.train
+        self.name = f"{task}/{cell_name}/seed{seed}"
+        wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
+        self.out = {name: Path(output_path("train", name, **wc)) for name in ("ckpt", "metrics", "info", "log", "cost")}
+        self.scratch = Path(SCRATCH.format(**wc))
+        bpe_dir = Path(data_paths(study, task, cell_name)[1])  # the cell's data variant
+
+        seed_everything(seed)
+        self.device = device = select_device(study)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        self.vocab_size = load_spm(bpe_dir).get_piece_size()
+        self.data = TaskData(cell, bpe_dir, seed)
+        self.model_cfg = model_config(cell, self.vocab_size)
+        self.model = Transformer(self.model_cfg).to(device)
+        self.rank, self.world = distributed_setup(device)
+        # torch's fused AdamW on CUDA; on CPU the same arithmetic without torch.optim's import of
+        # torch._dynamo (pipeline_src/optim.py). The schedule sets the lr before every step.
+        self.optimizer = adamw(self.model.parameters(), device, lr=learning_rate(1, t), betas=t.betas, eps=t.eps,
+                               weight_decay=t.weight_decay)
+        self.step_fn, self.loss_fn, self.compiled, self.graphs = self._compile()
+        self.fingerprint = train_state.fingerprint(study, task, cell_name, self.optimizer)
+        resumed = train_state.resume(self.scratch, self.fingerprint, self.model, self.optimizer)
+        self.state = resumed or train_state.new_state()
+        self.resumed_from = resumed["step"] if resumed else None
+        if resumed:
+            print(f"resuming {self.name} from step {self.state['step']}", flush=True)
+        self.n_params = count_parameters(self.model)
+        # A language model has no source: its whole context is the target sequence.
+        self.flops_per_token = (flops_per_token(self.model_cfg, 0, t.lm_seq_len) if cell.kind == "lm"
+                                else flops_per_token(self.model_cfg, t.max_src_len, t.max_tgt_len))
+        self.peak_flops = _peak_flops(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def _compile(self):
+        """(what a step runs the model through, the loss function, compiled?, CUDA graphs?).
+        train.compile: torch.compile, scoped and shaped so that its warm-up stays short
+        (pipeline_src/compiling.py; cost.json: compiled_graphs, warmup_s, batch_shapes).
+        train.cuda_graphs: each compiled region is also replayed as a CUDA graph per shape
+        (torch's "reduce-overhead" mode), which removes the per-kernel launch cost small models pay."""
+        t, device = self.t, self.device
+        step_fn, loss_fn, compiled, graphs = self.model, token_loss, False, False
+        if t.compile and device.type == "cuda":
+            compiled, graphs = True, t.cuda_graphs
+            step_fn, loss_fn = compile_for_training(self.model, t.compile_scope, t.compile_dynamic, graphs)
+        if self.world > 1:
+            ids = [device.index] if device.type == "cuda" else None
+            step_fn = torch.nn.parallel.DistributedDataParallel(step_fn, device_ids=ids)
+        return step_fn, loss_fn, compiled, graphs
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def train(self) -> None:
+        t, state = self.t, self.state
+        self.model.train()
+        self.started, self.started_unix = time.perf_counter(), time.time()
+        self.meter = StepMeter(self.device)
+        stream = self._batches()
+        bar = progress(total=t.max_steps, initial=state["step"], desc=f"train {self.name}", unit="step")
+        try:
+            while state["step"] < t.max_steps and "stop_reason" not in state:
+                if budget_spent := self._budget_spent():
+                    state["stop_reason"] = budget_spent
+                    break
+                self.train_step(stream)
+                step = state["step"]
+                bar.update(1)
+                evaluate_now = step % t.eval_every == 0 or step == t.max_steps
+                if not (step % t.log_every == 0 or step == 1 or evaluate_now):
+                    continue  # the loss stays on the device: no host sync on this step
+                row = self.log_row()
+                bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                state["log"].append(row)
+                if evaluate_now:
+                    self.evaluate(row)
+                    self.save_state()
+                    self.meter.restart_clock()
+            self.read_steps()  # a budget may have stopped the run between reads
+        finally:
+            bar.close()
+            batching.close(stream)
+        if self.world > 1:
+            import torch.distributed as dist
+            dist.destroy_process_group()
+        self.wall_s, self.ended_unix = time.perf_counter() - self.started, time.time()
+
+    def train_step(self, stream) -> None:
+        """One optimiser step over the next `grad_accum` batches (this rank's share of each)."""
+        t, state, device = self.t, self.state, self.device
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.param_groups[0]["lr"] = learning_rate(state["step"] + 1, t)
+        micro = []
+        for _ in range(t.grad_accum):
+            state["epoch"], state["batch_in_epoch"], batch = next(stream)
+            micro.append(batch)
+        total_tokens = sum(target_tokens(b) for b in micro)  # over the global batch, on the host copies
+        parts = [shard(b, self.rank, self.world) for b in micro]
+        step_tokens, loss_sum = sum(target_tokens(p) for p in parts), torch.zeros((), device=device)
+        self.meter.start_step(parts)
+        if self.graphs:  # a new training iteration: the graphs' output buffers of the last one are free
+            torch.compiler.cudagraph_mark_step_begin()
+        for part in parts:
+            with autocast(device, t.precision):
+                loss = sequence_loss(self.step_fn, batching.to_device(part, device), t.label_smoothing,
+                                     loss_fn=self.loss_fn)
+            # DDP averages gradients over ranks; scaling by `world` turns that into the sum, so the
+            # gradient is that of the global batch's mean token loss, as in one process.
+            (loss * self.world / total_tokens).backward()
+            loss_sum += loss.detach()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.clip_norm or float("inf"))
+        self.optimizer.step()
+        state["step"] += 1
+        state["train_tokens"] += step_tokens
+        self.meter.end_step(state["step"], loss_sum, grad_norm, step_tokens)
+
+    # --- the pieces the loop calls -------------------------------------------------------------
+
+    def _batches(self):
+        """Batches in training order from the saved data position; collated ahead in a thread (into
+        pinned memory on CUDA) unless train.prefetch is false. Same batches either way."""
+        t, state = self.t, self.state
+        stream = batching.batch_stream(self.data.epoch_batches, self.data.train_batch, state["epoch"],
+                                       state["batch_in_epoch"])
+        if t.prefetch or (t.prefetch is None and self.device.type == "cuda"):
+            stream = batching.Prefetcher(stream, depth=4, pin=self.device.type == "cuda")
+        return stream
+
+    def _budget_spent(self) -> str | None:
+        t = self.t
+        if t.max_epochs is not None and self.state["epoch"] >= t.max_epochs:
+            return "max_epochs"
+        if t.time_budget_s is not None and time.perf_counter() - self.started > t.time_budget_s:
+            return "time_budget"
+        return None
+
+    def read_steps(self):
+        """The steps since the last read (one host sync). A non-finite loss stops the run; the
+        state on disk is older than it, because a save always comes right after a read."""
+        steps, tokens_per_s = self.meter.read()
+        bad = next((s_ for s_, loss_, _, _ in steps if not math.isfinite(loss_)), None)
+        if bad is not None:
+            raise StageError(
+                f"{self.name}: non-finite training loss at step {bad}; the last good state is kept in "
+                f"{self.scratch / 'state.pt'} (lower lr or enable clipping)")
+        return steps, tokens_per_s
+
+    def log_row(self) -> dict:
+        steps, tokens_per_s = self.read_steps()
+        _, step_loss, grad_norm, step_tokens = steps[-1]
+        return {"step": self.state["step"], "epoch": self.state["epoch"], "train_loss": step_loss / max(step_tokens, 1),
+                "val_loss": "", "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
+                "tokens_per_s": tokens_per_s, "mem_mb": memory_mb(self.device)}
+
+    def validate(self) -> float:
+        with eager() if self.compiled else contextlib.nullcontext():
+            return validation_loss(self.model, self.data, self.device, self.t.precision)
+
+    def evaluate(self, row: dict) -> None:
+        """Validation loss into the log row; the best weights kept; the weights to average kept;
+        patience counted (an early stop is saved with the state, so a resumed run stops too)."""
+        t, state, step = self.t, self.state, self.state["step"]
+        val = self.validate()
+        row["val_loss"] = val
+        if val < state["best_val"]:
+            state.update(best_val=val, best_step=step, bad_evals=0)
+            if self.rank == 0:
+                train_state.save(self.scratch / "best.pt", train_state.weights(self.model))
+        else:
+            state["bad_evals"] += 1
+        if t.average_last:
+            name = f"eval{step}.pt"
+            if self.rank == 0:
+                train_state.save(self.scratch / name, train_state.weights(self.model))
+            state["averaged"] = (state["averaged"] + [name])[-t.average_last:]
+        state["final_val"] = val
+        if t.patience and state["bad_evals"] >= t.patience:
+            state["stop_reason"] = "early_stopping"
+
+    def save_state(self) -> None:
+        if self.rank == 0:
+            train_state.save_state(self.scratch, self.fingerprint, self.model, self.optimizer, self.state)
+
+    def evaluate_if_never_evaluated(self) -> None:
+        """A run stopped by a budget before its first evaluation is evaluated once at the end."""
+        state = self.state
+        if "final_val" in state:
+            return
+        state["final_val"] = self.validate()
+        if state["final_val"] < state["best_val"]:
+            state.update(best_val=state["final_val"], best_step=state["step"])
+            train_state.save(self.scratch / "best.pt", train_state.weights(self.model))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,276 +384,6 @@ def shard(batch: dict, rank: int, world: int) -> dict:
     if empty:
         out["tgt_out"] = torch.full_like(out["tgt_out"], PAD)
     return out
-
-
-# ---------------------------------------------------------------------------------------------
-# State: everything needed to continue exactly where a run stopped
-
-
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _save(path: Path, obj) -> None:
-    """torch.save through a temporary file + rename: a kill never leaves a torn checkpoint."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
-def _load(path: Path):
-    # RNG states hold numpy arrays and tuples, which the weights-only unpickler refuses;
-    # this file is our own scratch state, never a downloaded checkpoint.
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-def run(study: Study, task: str, cell_name: str, seed: int) -> None:
-    screening.require_own_run(study, "train", task, cell_name)
-    if not screening.promoted(study, task, cell_name):  # stage two of a screening, family not promoted
-        return screening.write_not_promoted_train(study, task, cell_name, seed)
-    cell = study.cell(task, cell_name)
-    t = cell.train
-    wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
-    out = {name: Path(output_path("train", name, **wc)) for name in ("ckpt", "metrics", "info", "log", "cost")}
-    scratch = Path(SCRATCH.format(**wc))
-    bpe_dir = Path(data_paths(study, task, cell_name)[1])  # the cell's data variant
-
-    seed_everything(seed)
-    device = select_device(study)
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    vocab_size = load_spm(bpe_dir).get_piece_size()
-    data = TaskData(cell, bpe_dir, seed)
-    mcfg = model_config(cell, vocab_size)
-    model = Transformer(mcfg).to(device)
-    rank, world = distributed_setup(device)
-    # torch's fused AdamW on CUDA; on CPU the same arithmetic without torch.optim's import of
-    # torch._dynamo (pipeline_src/optim.py). The schedule sets the lr before every step.
-    optimizer = adamw(model.parameters(), device, lr=learning_rate(1, t), betas=t.betas, eps=t.eps,
-                      weight_decay=t.weight_decay)
-    # train.compile: torch.compile, scoped and shaped so that its warm-up stays short
-    # (pipeline_src/compiling.py; cost.json: compiled_graphs, warmup_s, batch_shapes).
-    # train.cuda_graphs: each compiled region is also replayed as a CUDA graph per shape (torch's
-    # "reduce-overhead" mode), which removes the per-kernel launch cost small models pay.
-    step_fn, loss_fn, compiled, graphs = model, token_loss, False, False
-    if t.compile and device.type == "cuda":
-        compiled, graphs = True, t.cuda_graphs
-        step_fn, loss_fn = compile_for_training(model, t.compile_scope, t.compile_dynamic, graphs)
-
-    def validate() -> float:
-        with eager() if compiled else contextlib.nullcontext():
-            return validation_loss(model, data, device, t.precision)
-    if world > 1:
-        step_fn = torch.nn.parallel.DistributedDataParallel(step_fn, device_ids=[device.index] if device.type == "cuda" else None)
-
-    state = {"step": 0, "epoch": 0, "batch_in_epoch": 0, "best_val": math.inf, "best_step": 0, "bad_evals": 0,
-             "log": [], "train_tokens": 0, "averaged": []}
-    state_path = scratch / "state.pt"
-    resumed_from = None
-    # (STATE_FORMAT: a state saved by an older version of this file is not resumed from)
-    fingerprint = study.section_hash(*[k for k in (f"tasks.{task}.model", f"tasks.{task}.train", f"cells.{cell_name}")])
-    fingerprint = f"{fingerprint}/{STATE_FORMAT}/{type(optimizer).__module__}"  # (CPU and CUDA optimisers differ)
-    if state_path.exists():
-        saved = _load(state_path)
-        if saved.get("fingerprint") == fingerprint:
-            model.load_state_dict(saved["model"])
-            optimizer.load_state_dict(saved["optimizer"])
-            _set_rng_state(saved["rng"])
-            state = saved["state"]
-            resumed_from = state["step"]
-            print(f"resuming {task}/{cell_name}/seed{seed} from step {state['step']}", flush=True)
-        else:  # params changed since that state was written: it belongs to another run
-            shutil.rmtree(scratch)
-    scratch.mkdir(parents=True, exist_ok=True)
-
-    n_params = count_parameters(model)
-    # A language model has no source: its whole context is the target sequence.
-    fpt = flops_per_token(mcfg, 0, t.lm_seq_len) if cell.kind == "lm" else flops_per_token(mcfg, t.max_src_len, t.max_tgt_len)
-    peak = _peak_flops(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    model.train()
-    started, started_unix, meter = time.perf_counter(), time.time(), StepMeter(device)
-    # Batches in training order from the saved data position; collated ahead in a thread (into
-    # pinned memory on CUDA) unless train.prefetch is false. Same batches either way.
-    stream = batching.batch_stream(data.epoch_batches, data.train_batch, state["epoch"], state["batch_in_epoch"])
-    if t.prefetch or (t.prefetch is None and device.type == "cuda"):
-        stream = batching.Prefetcher(stream, depth=4, pin=device.type == "cuda")
-    bar = progress(total=t.max_steps, initial=state["step"], desc=f"train {task}/{cell_name}/s{seed}", unit="step")
-
-    def read_steps():
-        """The steps since the last read (one host sync). A non-finite loss stops the run; the
-        state on disk is older than it, because a save always comes right after a read."""
-        steps, tokens_per_s = meter.read()
-        bad = next((s_ for s_, loss_, _, _ in steps if not math.isfinite(loss_)), None)
-        if bad is not None:
-            bar.close()
-            batching.close(stream)
-            raise StageError(
-                f"{task}/{cell_name}/seed{seed}: non-finite training loss at step {bad}; "
-                f"the last good state is kept in {state_path} (lower lr or enable clipping)")
-        return steps, tokens_per_s
-
-    while state["step"] < t.max_steps and "stop_reason" not in state:
-        if t.max_epochs is not None and state["epoch"] >= t.max_epochs:
-            state["stop_reason"] = "max_epochs"
-            break
-        if t.time_budget_s is not None and time.perf_counter() - started > t.time_budget_s:
-            state["stop_reason"] = "time_budget"
-            break
-        optimizer.zero_grad(set_to_none=True)
-        optimizer.param_groups[0]["lr"] = learning_rate(state["step"] + 1, t)
-        micro = []
-        for _ in range(t.grad_accum):
-            state["epoch"], state["batch_in_epoch"], batch = next(stream)
-            micro.append(batch)
-        total_tokens = sum(target_tokens(b) for b in micro)  # over the global batch, on the host copies
-        parts = [shard(b, rank, world) for b in micro]
-        step_tokens, loss_sum = sum(target_tokens(p) for p in parts), torch.zeros((), device=device)
-        meter.start_step(parts)
-        if graphs:  # a new training iteration: the graphs' output buffers of the last one are free
-            torch.compiler.cudagraph_mark_step_begin()
-        for part in parts:
-            with autocast(device, t.precision):
-                loss = sequence_loss(step_fn, batching.to_device(part, device), t.label_smoothing, loss_fn=loss_fn)
-            # DDP averages gradients over ranks; scaling by `world` turns that into the sum, so the
-            # gradient is that of the global batch's mean token loss, as in one process.
-            (loss * world / total_tokens).backward()
-            loss_sum += loss.detach()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.clip_norm or float("inf"))
-        optimizer.step()
-        state["step"] += 1
-        state["train_tokens"] += step_tokens
-        meter.end_step(state["step"], loss_sum, grad_norm, step_tokens)
-        step = state["step"]
-        evaluate_now = step % t.eval_every == 0 or step == t.max_steps
-        bar.update(1)
-        if not (step % t.log_every == 0 or step == 1 or evaluate_now):
-            continue  # the loss stays on the device: no host sync on this step
-        steps, tokens_per_s = read_steps()
-        _, step_loss, grad_norm, step_tokens = steps[-1]
-        row = {"step": step, "epoch": state["epoch"], "train_loss": step_loss / max(step_tokens, 1), "val_loss": "",
-               "lr": optimizer.param_groups[0]["lr"], "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
-               "mem_mb": _memory_mb(device)}
-        bar.set_postfix(loss=f"{row['train_loss']:.3f}", tok_s=f"{tokens_per_s:.0f}")
-        if evaluate_now:
-            val = validate()
-            row["val_loss"] = val
-            if val < state["best_val"]:
-                state.update(best_val=val, best_step=step, bad_evals=0)
-                if rank == 0:
-                    _save(scratch / "best.pt", _weights(model))
-            else:
-                state["bad_evals"] += 1
-            if t.average_last:
-                name = f"eval{step}.pt"
-                if rank == 0:
-                    _save(scratch / name, _weights(model))
-                state["averaged"] = (state["averaged"] + [name])[-t.average_last:]
-            state["final_val"] = val
-        state["log"].append(row)
-        if evaluate_now:
-            if t.patience and state["bad_evals"] >= t.patience:
-                state["stop_reason"] = "early_stopping"  # saved with the state: a resumed run stops too
-            if rank == 0:
-                _save(state_path, {"fingerprint": fingerprint, "model": model.state_dict(),
-                                   "optimizer": optimizer.state_dict(),
-                                   "rng": _rng_state(), "state": state})
-            meter.restart_clock()
-    read_steps()  # a budget may have stopped the run between reads
-    bar.close()
-    batching.close(stream)
-    if world > 1:
-        import torch.distributed as dist
-        dist.destroy_process_group()
-    wall, ended_unix = time.perf_counter() - started, time.time()
-    if rank != 0:  # rank 0 writes every output
-        return
-
-    if "final_val" not in state:  # stopped by a budget before the first evaluation
-        state["final_val"] = validate()
-        if state["final_val"] < state["best_val"]:
-            state.update(best_val=state["final_val"], best_step=state["step"])
-            _save(scratch / "best.pt", _weights(model))
-    meta = {"config": cell.to_dict(), "vocab_size": vocab_size, "seed": seed, "step": state["step"],
-            "model_config": dataclasses.asdict(mcfg)}
-    with atomic_dir(out["ckpt"]) as ckpt:
-        torch.save({"model": _weights(model), "meta": meta}, ckpt / "last.pt")
-        best = _load(scratch / "best.pt") if (scratch / "best.pt").exists() else _weights(model)
-        torch.save({"model": best, "meta": dict(meta, step=state["best_step"])}, ckpt / "best.pt")
-        if state["averaged"]:
-            avg = _average([_load(scratch / n) for n in state["averaged"]])
-            torch.save({"model": avg, "meta": dict(meta, averaged=state["averaged"])}, ckpt / "averaged.pt")
-        atomic_write_json(ckpt / "config.json", meta)
-    log_text = "\t".join(LOG_COLUMNS) + "\n" + "".join(
-        "\t".join(_fmt(r.get(c, "")) for c in LOG_COLUMNS) + "\n" for r in state["log"])
-    atomic_write_text(out["log"], log_text)
-    final_train = next((r["train_loss"] for r in reversed(state["log"]) if r.get("train_loss") != ""), float("nan"))
-    atomic_write_json(out["info"], {
-        "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
-        "leaks_future": cell.leaks_future, "stop_reason": state.get("stop_reason", "max_steps"),
-        "eval_checkpoint": "averaged.pt" if state["averaged"] else "best.pt",
-        "config": cell.to_dict(), "provenance": provenance(study, seed=seed)})
-    tokens_per_s = meter.tokens_per_s
-    atomic_write_json(out["cost"], {
-        "wall_s": wall, "tokens_per_s": tokens_per_s, "device": device.type,
-        # when the training loop ran: how runs sharing a GPU overlapped (bench/study_throughput.py)
-        "start_utc": _utc(started_unix), "end_utc": _utc(ended_unix),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
-        "cpu_count": os.cpu_count(), "peak_mem_mb": _memory_mb(device, peak=True), "precision": precision.name(device, t.precision),
-        "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
-        "achieved_flops": 3 * fpt * tokens_per_s,  # the convention of estimate.py (FLOPs at the max lengths)
-        "resumed_from_step": resumed_from, "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
-        "warmup_s": meter.warmup_s, "allocator": allocator.state(), "compiled": compiled, "cuda_graphs": graphs,
-        "compile_scope": t.compile_scope if compiled else None, "compiled_graphs": compiled_graphs() if compiled else 0})
-    # Written last, so its presence means every output above is complete. Numbers only in
-    # the metrics file (what DVC and people compare); what the run was and how it
-    # was made go to train_info.json.
-    atomic_write_json(out["metrics"], {
-        "n_params": n_params, "flops_per_token": fpt, "steps": state["step"],
-        "epochs": state["epoch"], "train_tokens": state["train_tokens"], "best_val_loss": state["best_val"],
-        "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train})
-    shutil.rmtree(scratch, ignore_errors=True)
-    print(f"trained {task}/{cell_name}/seed{seed}: {state['step']} steps, best val loss {state['best_val']:.4f} "
-          f"(step {state['best_step']}), {tokens_per_s:.0f} tok/s on {device}", flush=True)
-
-
-def _weights(model) -> dict:
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
-def _average(states: list[dict]) -> dict:
-    return {k: sum(s[k].float() for s in states) / len(states) if states[0][k].is_floating_point() else states[-1][k]
-            for k in states[0]}
-
-
-def _utc(unix_s: float) -> str:
-    return datetime.datetime.fromtimestamp(unix_s, datetime.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _fmt(v) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
-
-
-def _memory_mb(device, peak: bool = False) -> float:
-    if device.type == "cuda":
-        return (torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device)) / 2**20
-    import resource
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _peak_flops(device) -> float | None:

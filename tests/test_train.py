@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from pipeline_src import train as train_mod
+from pipeline_src import train_state
 from pipeline_src.common import StageError
 from pipeline_src.config import TrainConfig, load_study
 from pipeline_src.stages import SCRATCH, output_path
@@ -225,14 +226,14 @@ def test_checkpoint_averaging_writes_the_mean_of_the_last_evaluations(workdir, m
     study = _tiny_study(workdir, average_last=2, eval_every=10, max_steps=30)
     _clear(workdir)
     saved = {}
-    real_save = train_mod._save
+    real_save = train_state.save
 
     def spy(path, obj):
         if Path(path).name.startswith("eval"):
             saved[Path(path).name] = {k: v.clone() for k, v in obj.items()}
         real_save(path, obj)
 
-    monkeypatch.setattr(train_mod, "_save", spy)
+    monkeypatch.setattr(train_state, "save", spy)
     train_mod.run(study, "reorder", "baseline", 0)
     ckpt = _outputs(workdir)[1]
     averaged = torch.load(ckpt / "averaged.pt", weights_only=True)

@@ -10,7 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-SPLITS = ("train", "validation", "test")
+from ..config import SPLITS  # noqa: F401  (re-exported for the data stages)
+
 # Splits with at least this many rows may be processed with `datasets.map(num_proc=...)`.
 MULTIPROC_MIN_ROWS = 50_000
 PROCS_ENV = "PIPELINE_DATA_PROCS"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import SPLITS
+from ..config import SPLITS
 
 GENERATOR_FIELDS = {
     "reorder": {"src": "src", "tgt": "tgt"},

@@ -113,12 +113,11 @@ def beam_search_static(model: Transformer, src: Tensor, beam_size: int = 4, leng
         model.train(was_training)
 
 
-def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) -> list[list[int]]:
+def _prefill(model, src, K, T_max, cuda_graphs):
+    """The beams' prefix (source and bos, or bos alone) in one pass, filling fresh caches with room
+    for T_max more tokens. Returns (caches, the one-token step, first next-token log-probs (N, V),
+    real prefix tokens per row (N,), prefix length P)."""
     cfg, device, B = model.cfg, src.device, src.size(0)
-    if B == 0:
-        return []
-    limits = _length_limits(model, src, max_len, max_len_a, max_len_b)           # (B,)
-    T_max = int(limits.max())                                                    # the one sync up front
     N = B * K
     expand = torch.arange(B, device=device).repeat_interleave(K)                 # row b*K + k -> sentence b
     bos = torch.full((B, 1), cfg.bos_id, dtype=src.dtype, device=device)
@@ -140,7 +139,6 @@ def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) ->
     for layer in cache:
         layer["self"].update(capacity=L, write_at=write_at)
 
-    # The prefix (source and bos, or bos alone) in one pass; it fills the caches.
     dtype = compute_dtype(model.lm_head.weight)                                  # autocast's, or the weights'
     causal = torch.ones(P, L, dtype=torch.bool, device=device).tril()
     prefix_mask = additive_mask(key_ok[:, None, None, :] & causal, dtype)         # (N, 1, P, L)
@@ -148,13 +146,23 @@ def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) ->
     logits = model.decode_static(prefix, positions_from_mask(real), prefix_mask, memory, cross_mask, cache)
     banned = torch.tensor([cfg.pad_id, cfg.bos_id], device=device)
     log_probs = _next_log_probs(logits, banned)                                  # (N, V)
-    V = log_probs.size(-1)
 
     step = _Step(model, cache, key_ok, cross_mask, banned, dtype, cuda_graphs)
     for layer in cache:
         layer["self"]["write_at"] = step.write_at                               # steps write one slot
     n_prefix = real.sum(dim=1)                                                   # (N,) real prefix tokens
+    return cache, step, log_probs, n_prefix, P
 
+
+def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) -> list[list[int]]:
+    cfg, device, B = model.cfg, src.device, src.size(0)
+    if B == 0:
+        return []
+    limits = _length_limits(model, src, max_len, max_len_a, max_len_b)           # (B,)
+    T_max = int(limits.max())                                                    # the one sync up front
+    N = B * K
+    cache, step, log_probs, n_prefix, P = _prefill(model, src, K, T_max, cuda_graphs)
+    V = log_probs.size(-1)
     # Normalised scores in float64, as the host version divides Python floats: equal rankings.
     neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=device)
     scores = torch.full((B, K), float("-inf"), device=device)                  # log p of each live beam

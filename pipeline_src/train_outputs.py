@@ -1,0 +1,98 @@
+"""The files a finished training run leaves (paths from the stage table):
+
+ckpt/                last.pt, best.pt (+ averaged.pt with train.average_last), config.json
+train_log.tsv        the logged steps: loss, validation loss, lr, grad norm, tokens/s, memory
+train_info.json      identity, outcome, resolved config, provenance
+cost.json            wall clock, throughput, MFU, memory, precision, allocator, shapes, warm-up
+train_metrics.json   numbers only, deterministic (same params + seed -> same bytes on CPU);
+                     written last, so its presence means every output above is complete
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import shutil
+
+import torch
+
+from . import allocator, precision, train_state
+from .common import atomic_dir, atomic_write_json, atomic_write_text, cpu_name, provenance
+from .compiling import compiled_graphs
+
+LOG_COLUMNS = ["step", "epoch", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mem_mb"]
+
+
+def write_outputs(run) -> None:
+    """Everything a finished `train.Trainer` run writes, then its scratch directory removed."""
+    state, cell = run.state, run.cell
+    meta = {"config": cell.to_dict(), "vocab_size": run.vocab_size, "seed": run.seed, "step": state["step"],
+            "model_config": dataclasses.asdict(run.model_cfg)}
+    write_checkpoints(run, meta)
+    atomic_write_text(run.out["log"], log_tsv(state["log"]))
+    atomic_write_json(run.out["info"], {
+        "task": run.task, "cell": run.cell_name, "seed": run.seed, "kind": cell.kind, "family": cell.family,
+        "label": cell.label, "leaks_future": cell.leaks_future, "stop_reason": state.get("stop_reason", "max_steps"),
+        "eval_checkpoint": "averaged.pt" if state["averaged"] else "best.pt",
+        "config": cell.to_dict(), "provenance": provenance(run.study, seed=run.seed)})
+    atomic_write_json(run.out["cost"], cost_record(run))
+    final_train = next((r["train_loss"] for r in reversed(state["log"]) if r.get("train_loss") != ""), float("nan"))
+    atomic_write_json(run.out["metrics"], {
+        "n_params": run.n_params, "flops_per_token": run.flops_per_token, "steps": state["step"],
+        "epochs": state["epoch"], "train_tokens": state["train_tokens"], "best_val_loss": state["best_val"],
+        "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train})
+    shutil.rmtree(run.scratch, ignore_errors=True)
+    print(f"trained {run.name}: {state['step']} steps, best val loss {state['best_val']:.4f} "
+          f"(step {state['best_step']}), {run.meter.tokens_per_s:.0f} tok/s on {run.device}", flush=True)
+
+
+def write_checkpoints(run, meta: dict) -> None:
+    """ckpt/: the last weights, the best (by validation loss) and the average of the last saved."""
+    scratch, state = run.scratch, run.state
+    with atomic_dir(run.out["ckpt"]) as ckpt:
+        torch.save({"model": train_state.weights(run.model), "meta": meta}, ckpt / "last.pt")
+        best = train_state.load(scratch / "best.pt") if (scratch / "best.pt").exists() else train_state.weights(run.model)
+        torch.save({"model": best, "meta": dict(meta, step=state["best_step"])}, ckpt / "best.pt")
+        if state["averaged"]:
+            avg = train_state.average([train_state.load(scratch / n) for n in state["averaged"]])
+            torch.save({"model": avg, "meta": dict(meta, averaged=state["averaged"])}, ckpt / "averaged.pt")
+        atomic_write_json(ckpt / "config.json", meta)
+
+
+def log_tsv(rows: list[dict]) -> str:
+    return "\t".join(LOG_COLUMNS) + "\n" + "".join(
+        "\t".join(_fmt(r.get(c, "")) for c in LOG_COLUMNS) + "\n" for r in rows)
+
+
+def cost_record(run) -> dict:
+    device, t, meter = run.device, run.cell.train, run.meter
+    tokens_per_s = meter.tokens_per_s
+    fpt, peak = run.flops_per_token, run.peak_flops
+    return {
+        "wall_s": run.wall_s, "tokens_per_s": tokens_per_s, "device": device.type,
+        # when the training loop ran: how runs sharing a GPU overlapped (bench/study_throughput.py)
+        "start_utc": _utc(run.started_unix), "end_utc": _utc(run.ended_unix),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "cpu_count": os.cpu_count(), "peak_mem_mb": memory_mb(device, peak=True),
+        "precision": precision.name(device, t.precision),
+        "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
+        "achieved_flops": 3 * fpt * tokens_per_s,  # the convention of estimate.py (FLOPs at the max lengths)
+        "resumed_from_step": run.resumed_from, "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
+        "warmup_s": meter.warmup_s, "allocator": allocator.state(), "compiled": run.compiled, "cuda_graphs": run.graphs,
+        "compile_scope": t.compile_scope if run.compiled else None,
+        "compiled_graphs": compiled_graphs() if run.compiled else 0}
+
+
+def memory_mb(device, peak: bool = False) -> float:
+    if device.type == "cuda":
+        return (torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device)) / 2**20
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _utc(unix_s: float) -> str:
+    return datetime.datetime.fromtimestamp(unix_s, datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _fmt(v) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
