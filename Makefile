@@ -12,7 +12,7 @@ MIRROR := workflow/studies/mirror/params.yaml
 GPU_STUDY := workflow/studies/gpu/params.yaml
 CPU_STUDY := workflow/studies/cpu/params.yaml
 
-.PHONY: install system-deps demo mirror cpu-study full slurm cluster-test test bench dvc-yaml lint clean
+.PHONY: install system-deps demo mirror cpu-study full slurm cluster-test test bench bundle dvc-yaml lint clean
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -65,6 +65,10 @@ cluster-test: install
 
 test: install
 	PIPELINE_QUIET=1 pytest -q tests
+
+# What a GPU node without internet needs, packed for it (README "On a GPU node without internet").
+bundle: install
+	bash bench/node/bundle.sh
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; python $$b || exit 1; done

@@ -1,4 +1,4 @@
-"""Benchmark the data stages on >= 100k rows: filter and BPE encoding rows/s, BPE training MB/s.
+"""The data stages on >= 100k rows: filter and BPE encoding rows/s, BPE training MB/s.
 
 Builds a temporary mirror whose Multi30k train split is the real one replicated (each copy
 made distinct by a trailing marker token, so deduplication keeps it), then times the real
@@ -6,9 +6,11 @@ stage code: `download`, `filter` (batched datasets.map in one process, as the st
 default, vs. PIPELINE_DATA_PROCS worker processes, default min(cores, 8)), SentencePiece
 training and the encoding of every split (one process vs. workers).
 
-    python bench/bench_data.py [--mirror ../shared/datasets] [--rows 116000] [--vocab 10000]
+    python bench/bench_data.py [--quick] [--mirror ../shared/datasets] [--rows 116000] [--vocab 10000]
 
 Writes reports/bench/data.json (machine, versions, date, numbers) and reports/bench/data.md.
+Target: none fixed; it decides whether worker processes pay (PIPELINE_DATA_PROCS). On 2 and on 16
+cores they lose at every count (bench/results/h100/README.md), so the stages run in-process.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from pipeline_src.common import cpu_name, package_versions  # noqa: E402
 from pipeline_src.config import load_study  # noqa: E402
 from pipeline_src.data import download, read_parquet  # noqa: E402
 from pipeline_src.data import filter as filt  # noqa: E402
+from pipeline_src.stages import data_paths  # noqa: E402
 
 
 def build_mirror(src_mirror: Path, dst: Path, rows: int) -> int:
@@ -40,6 +43,7 @@ def build_mirror(src_mirror: Path, dst: Path, rows: int) -> int:
     out = dst / "multi30k"
     out.mkdir(parents=True)
     lines = gzip.decompress((src_mirror / "multi30k" / "train.jsonl.gz").read_bytes()).decode().splitlines()
+    lines = lines[:rows]  # (a smoke run takes fewer than one copy)
     copies = -(-rows // len(lines))
     buf = []
     for k in range(copies):
@@ -80,11 +84,14 @@ def timed(fn, *args, **kw) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mirror", default=str(REPO.parent / "shared" / "datasets"))
+    ap.add_argument("--quick", action="store_true", help="2,000 rows, vocabulary 1,000 (smoke test)")
+    ap.add_argument("--mirror", default=os.environ.get("PIPELINE_DATA_MIRROR", str(REPO.parent / "shared" / "datasets")))
     ap.add_argument("--rows", type=int, default=116_000, help="train rows after replication (>= 100k)")
     ap.add_argument("--vocab", type=int, default=10_000)
     ap.add_argument("--out", default=str(REPO / "reports" / "bench"))
     args = ap.parse_args()
+    if args.quick:
+        args.rows, args.vocab = min(args.rows, 2000), min(args.vocab, 1000)
     os.environ.setdefault("PIPELINE_QUIET", "1")
 
     work = Path(tempfile.mkdtemp(prefix="bench_data."))
@@ -109,7 +116,8 @@ def main() -> None:
         t_filter_1 = timed(filt.run, study, "multi30k_en_de")
         procs(cores)
         t_filter_n = timed(filt.run, study, "multi30k_en_de")
-        filtered = read_parquet("data/bench/filtered/multi30k_en_de/train.parquet")
+        filtered_dir, bpe_dir = data_paths(study, "multi30k_en_de")
+        filtered = read_parquet(f"{filtered_dir}/train.parquet")
         texts = filtered.column("src").to_pylist() + filtered.column("tgt").to_pylist()
         model, train_stats = bpe.train_spm(texts, vocab_size=args.vocab, character_coverage=1.0,
                                            max_sentences=10 ** 7, task="bench")
@@ -126,7 +134,7 @@ def main() -> None:
         t_encode_n = timed(encode_all)
         procs(1)                    # the stage as it runs by default
         t_bpe_stage = timed(bpe.run, study, "multi30k_en_de")
-        stage_stats = json.loads(Path("data/bench/bpe/multi30k_en_de/stats.json").read_text())
+        stage_stats = json.loads(Path(bpe_dir, "stats.json").read_text())
     finally:
         os.environ.pop(data_pkg.PROCS_ENV, None)
         if saved_procs is not None:
@@ -136,11 +144,11 @@ def main() -> None:
 
     n_enc = filtered.num_rows
     results = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": "data", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": {"platform": platform.platform(), "cpu": cpu_name(), "cores": os.cpu_count(),
                     "worker_processes": cores},
         "versions": package_versions(),
-        "command": " ".join(["python bench/bench_data.py", *sys.argv[1:]]),
+        "command": " ".join(["python bench/bench_data.py", *sys.argv[1:]]), "quick": args.quick,
         "input": {"train_rows": train_rows, "raw_rows_all_splits": raw_rows, "filtered_train_rows": n_enc,
                   "bpe_vocab_size": args.vocab, "bpe_training_mb": round(train_stats["bytes"] / 1e6, 2)},
         "download_s": round(t_download, 2),

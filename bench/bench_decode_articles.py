@@ -1,5 +1,5 @@
 """Summarization decoding at the study's scale: the evaluate stage's decode_all over 2,000
-CNN/DailyMail-length articles (issue 11's target: <= 60 s on the H100, beam 4).
+CNN/DailyMail-length articles (target: <= 60 s on an H100, beam 4).
 
 The model is params.yaml's cnn_dailymail baseline cell (d512/6+6, vocabulary 16k, beam 4, summaries
 of at most max_len_b = 120 tokens, batches of 32 sorted by source length), with random weights and

@@ -2,16 +2,16 @@
 
 Reads Snakemake benchmark files (`benchmark:` directives, tab-separated, first column `s`) from
 logs/<study>/bench/<rule>/<job>.tsv (a flat logs/<study>/bench/<job>.tsv is also accepted: the
-rule is then the file name's first word, matched against the rule names). Without --quick, and
-unless --parse-only, it first runs the whole study from scratch in a throw-away copy of the
-repository:
+rule is then the file name's first word, matched against the rule names). Unless --parse-only,
+it first runs the whole study from scratch in a throw-away copy of the repository:
 
     snakemake --cores 2 --config params=workflow/studies/demo/params.yaml --forceall --keep-going
 
 timing it; rules of the copy that lack a `benchmark:` directive get one injected (the copy only;
 the repository's rules are left alone), so per-job times always come from Snakemake itself.
 Target (README): the demo finishes in under 5 minutes on 2 CPU cores.
-With --quick it only parses existing benchmark files of this repository, or says there are none.
+--quick times the tests' tiny study (tests/fixtures/params/valid_tiny.yaml) the same way (a smoke
+run); --parse-only reads the existing benchmark files of this repository, or says there are none.
 
     python bench/bench_demo.py [--quick | --parse-only] [--study demo] [--cores 2]
 """
@@ -74,7 +74,7 @@ def read_benchmarks(bench_dir: Path) -> dict[str, list[dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="only parse existing benchmark files (or skip)")
+    ap.add_argument("--quick", action="store_true", help="time the tests' tiny study instead (smoke test)")
     ap.add_argument("--parse-only", action="store_true", help="only parse benchmark files of this repository")
     ap.add_argument("--study", default="demo", help="the study whose params/benchmark files to use")
     ap.add_argument("--params", help="params file (default workflow/studies/<study>/params.yaml; one outside "
@@ -84,11 +84,13 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the temporary repository copy")
     ap.add_argument("--out", default=str(OUT_DIR))
     args = ap.parse_args()
+    if args.quick:
+        args.params = str(REPO / "tests" / "fixtures" / "params" / "valid_tiny.yaml")
     params = args.params or f"workflow/studies/{args.study}/params.yaml"
     if args.params:
         args.study = yaml.safe_load(Path(params).read_text())["study"]
     run_info: dict = {}
-    if args.quick or args.parse_only:
+    if args.parse_only:
         bench_dir = REPO / "logs" / args.study / "bench"
         if not any(bench_dir.rglob("*.tsv")):
             print(f"bench_demo: no Snakemake benchmark files under {bench_dir.relative_to(REPO)}; nothing to "

@@ -11,8 +11,12 @@ target tok/s and MFU of the timed training steps (incl. data and logging), paddi
 distinct batch shapes and their warm-up (compile) seconds, device-seconds per epoch
 (target tokens of an epoch / tok/s), the evaluate stage's wall time, and the seconds of
 decode_all (the evaluate stage's beam-search function) on the test set, timed on its own.
---jobs K trains K cells (seeds) at once on the same device: aggregate tok/s and MFU (issue 11:
-several small cells per GPU; set PIPELINE_JOBS_PER_GPU on multi-GPU hosts).
+--jobs K trains K cells (seeds) at once on the same device: aggregate tok/s and MFU (several
+small cells per GPU; set PIPELINE_JOBS_PER_GPU on multi-GPU hosts).
+Targets on an H100: the base Multi30k cell at >= 3x 112.7k target tok/s (its eager figure), the
+compile warm-up <= 60 s in total, beam-4 decoding of the whole test set <= 10 s; aggregate MFU
+>= 25 % with K = 1, 2, 4, 8 cells sharing the GPU. On a CPU it measures the one-thread job that
+`validate` uses to estimate a CPU study's time (bench/results/cpu/real_cell_cpu.json).
 
     python bench/bench_real_cell.py [--quick] [--budget-s 60] [--buckets 8|0] [--compile [--compile-scope layers|model] [--compile-shapes auto|static]] [--cuda-graphs] [--decoding graphs] [--jobs K]
 """

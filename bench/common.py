@@ -161,8 +161,8 @@ def copy_repo(dst: Path, items=REPO_ITEMS) -> Path:
 def tool_env(code: Path | None = None) -> dict:
     """Environment in which `python`, `snakemake` and `dvc` are those of this interpreter's venv, and
     `pipeline_src` is imported from `code` (default: the command's working directory). The caller's
-    other PYTHONPATH entries stay: on a bare GPU machine they hold the carried packages
-    (bench/gpu_carry.sh), without which the stages cannot import datasets or jsonschema."""
+    other PYTHONPATH entries stay: on a GPU node run from a bundle they hold the bundle's packages
+    (bench/node/node.sh), without which the stages cannot import datasets or jsonschema."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", DVC_NO_ANALYTICS="1",
                PIPELINE_QUIET="1")
     carried = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]

@@ -1,6 +1,6 @@
-"""How fast a study's training runs went, alone and together: the figures of issue 11 (tokens/s,
-MFU, padding, batch shapes, compile warm-up, several cells sharing one GPU) taken from a real
-study's own records instead of a benchmark.
+"""How fast a study's training runs went, alone and together (tokens/s, MFU, padding, batch
+shapes, compile warm-up, several cells sharing one GPU), taken from a real study's own records
+instead of a benchmark.
 
 It reads what the train stage wrote for every finished run (data/<study>/runs/<task>/<cell>/
 seed<s>/cost.json and train_metrics.json), the evaluate stage's Snakemake benchmark files
@@ -21,8 +21,8 @@ training alone would reach.
     python bench/study_throughput.py --study gpu [--root DIR] [--state finished|running|failed]
                                      [--source TEXT] [--out bench/results/h100] [--name study_gpu_throughput]
 
---root: where data/ and logs/ are (default: the repository; bench/from_device.sh passes the
-unpacked tarball of bench/device.sh study).
+--root: where data/ and logs/ are (default: the repository, where bench/node/unpack.sh puts a
+study that ran on a node). Target: none; it reports what a study achieved.
 """
 from __future__ import annotations
 

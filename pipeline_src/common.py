@@ -101,6 +101,10 @@ def cpu_name() -> str:
 
 
 def git_commit() -> str:
+    """HEAD of the checkout the code runs from; PIPELINE_GIT_COMMIT where the copy has no .git
+    (bench/node/node.sh sets it from the bundle it unpacked)."""
+    if os.environ.get("PIPELINE_GIT_COMMIT"):
+        return os.environ["PIPELINE_GIT_COMMIT"]
     try:
         root = Path(__file__).resolve().parent.parent
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)

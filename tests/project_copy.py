@@ -20,7 +20,7 @@ def copy_project(dest: Path) -> Path:
 
 
 def checkout_env(**extra) -> dict:
-    """os.environ with this checkout first on PYTHONPATH. The caller's entries stay after it: on a bare
-    GPU machine they hold the carried packages (bench/gpu_carry.sh)."""
+    """os.environ with this checkout first on PYTHONPATH. The caller's entries stay after it: on a GPU
+    node run from a bundle they hold the bundle's packages (bench/node/node.sh)."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return dict(os.environ, PYTHONPATH=path, PIPELINE_QUIET="1", **extra)

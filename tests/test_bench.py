@@ -1,5 +1,5 @@
 """Smoke runs of the benchmarks (--quick): they call the pipeline's own functions, so an API
-change that breaks them should fail here, not on the next lent GPU. Figures are not checked."""
+change that breaks them should fail here, not on the next run on a GPU. Figures are not checked."""
 import json
 import os
 import subprocess
@@ -17,6 +17,10 @@ MIRROR = Path(os.environ.get("PIPELINE_DATA_MIRROR", ROOT.parent / "shared" / "d
                                           ("bench_compile.py", "compile_warmup.json"),
                                           pytest.param("bench_real_cell.py", "real_cell.json", marks=pytest.mark.skipif(
                                               not (MIRROR / "multi30k").is_dir(), reason="needs the mirror's Multi30k")),
+                                          pytest.param("bench_data.py", "data.json", marks=pytest.mark.skipif(
+                                              not (MIRROR / "multi30k").is_dir(), reason="needs the mirror's Multi30k")),
+                                          pytest.param("bench_pipeline.py", "pipeline.json"),
+                                          pytest.param("bench_demo.py", "demo.json"),
                                           pytest.param("bench_cpu_cell.py", "cpu_cell.json", marks=pytest.mark.skipif(
                                               not (MIRROR / "multi30k").is_dir(), reason="needs the mirror's Multi30k")),
                                           pytest.param("bench_decode_articles.py", "decode_articles.json",

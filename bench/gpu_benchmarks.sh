@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
-# The GPU-speed measurements (issue 11) for a lent GPU, in four parts that each fit one 10-minute
-# device call. From the repository root, with the project's packages importable:
+# The GPU benchmarks, in four parts of under ten minutes each. From the repository root, with the
+# project's packages importable and a CUDA device:
 #
-#   bash bench/gpu_session.sh a   # the CUDA-only tests; beam-search implementations (host / static / CUDA graphs);
-#                                 # one real Multi30k cell: eager, and compile + CUDA graphs
-#   bash bench/gpu_session.sh b   # K real cells sharing the GPU (K = 4, 8, 2): aggregate tok/s and MFU
-#   bash bench/gpu_session.sh c   # compile warm-up per train.compile_scope / compile_dynamic over 6
-#                                 # bucket shapes (+ CUDA graphs); the d512 step with a bf16 residual stream
-#   bash bench/gpu_session.sh d   # summarization decoding at the study's scale: the evaluate stage's decoder
-#                                 # over 2,000 CNN/DailyMail-length articles, beam 4 (host / static / graphs)
+#   bash bench/gpu_benchmarks.sh a   # the CUDA-only tests; beam-search implementations (host / static / CUDA graphs);
+#                                    # one real Multi30k cell: eager, and compile + CUDA graphs
+#   bash bench/gpu_benchmarks.sh b   # K real cells sharing the GPU (K = 4, 8, 2): aggregate tok/s and MFU
+#   bash bench/gpu_benchmarks.sh c   # compile warm-up per train.compile_scope / compile_dynamic over 6
+#                                    # bucket shapes (+ CUDA graphs); the d512 step with a bf16 residual stream
+#   bash bench/gpu_benchmarks.sh d   # summarization decoding at the study's scale: the evaluate stage's decoder
+#                                    # over 2,000 CNN/DailyMail-length articles, beam 4 (host / static / graphs)
 #
-# On a lent machine (bare: no datasets, rouge-score, jsonschema, Snakemake, no mirror), run it through
-# bench/device.sh, which installs what bench/gpu_carry.sh prepared here and brings every file back
-# in one tarball: `bash bench/device.sh a` (carry [".whl", ".mirror"]).
+# On a GPU node without internet: `bash bundle/node.sh bench a` (bench/node/node.sh) runs a part
+# with the bundle's packages and packs what it wrote.
 # Every benchmark prints its table and writes .md/.json (machine, versions, command in the header)
 # under $DEST (default bench/results/h100), and the console goes to $DEST/session_<part>.log.
 # BUDGET_S (default 45) is each real cell's training budget. PART_BUDGET_S (default 540) bounds the
-# whole part: a device call is killed at 600 s, so each benchmark gets a `timeout` of what is left,
-# one that fails or times out is logged and the next one still runs, and none starts with < 30 s left.
+# whole part: each benchmark gets a `timeout` of what is left, one that fails or times out is
+# logged and the next one still runs, and none starts with < 30 s left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEST=${DEST:-bench/results/h100}

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Run a study or the benchmarks on a compute node without internet, from a bundle made by
+# `make bundle` on a connected machine (bench/node/bundle.sh). On the node:
+#
+#   tar -xzf bundle.tar.gz
+#   bash bundle/node.sh study workflow/studies/gpu/params.yaml   # a study, download -> report
+#   bash bundle/node.sh bench a                                   # GPU benchmarks, part a|b|c|d|all
+#   bash bundle/node.sh run -- python -m pytest -q tests/test_model_gpu.py   # any command
+#
+# The first call installs the carried wheels offline (pip --no-index) into bundle/site, which goes
+# first on PYTHONPATH, ahead of the node's own packages (torch and NODE_HAS stay the node's), and
+# unpacks the repository into bundle/repo. Every job runs there with the dataset mirror
+# bundle/datasets, writes what it makes under bundle/results/<job>/ and packs that directory into
+# bundle/results-<job>.tar.gz: bring that file back and unpack it into the repository with
+#   bash bench/node/unpack.sh results-<job>.tar.gz
+# A study keeps its reports, logs, evaluation outputs and every run's records (not its
+# checkpoints); a study directory with a run.sh (the GPU and CPU reference studies) is run through
+# it, which also times it and gathers its products. Without TeX on the node the study stops before
+# the PDF, which unpack.sh builds from the same products. PYTHON (default python3) is the node's
+# interpreter with torch; CORES (default all) is Snakemake's --cores.
+set -uo pipefail
+BUNDLE=$(cd "$(dirname "$0")" && pwd)
+JOB=${1:-}
+case $JOB in
+  study) [[ -n ${2:-} ]] || { echo "usage: bash node.sh study PARAMS_FILE" >&2; exit 2; } ;;
+  bench) [[ ${2:-} =~ ^(a|b|c|d|all)$ ]] || { echo "usage: bash node.sh bench a|b|c|d|all" >&2; exit 2; } ;;
+  run) [[ ${2:-} == -- && -n ${3:-} ]] || { echo "usage: bash node.sh run -- COMMAND..." >&2; exit 2; } ;;
+  *) echo "usage: bash node.sh study PARAMS_FILE | bench a|b|c|d|all | run -- COMMAND...   (see its header)" >&2
+     exit 2 ;;
+esac
+PY=${PYTHON:-python3}
+command -v "$PY" >/dev/null || { echo "error: $PY not found (set PYTHON to the node's interpreter with torch)"; exit 1; }
+
+# install once: the carried wheels, offline
+if [[ ! -f $BUNDLE/site/.installed ]]; then
+  echo "installing $(ls "$BUNDLE/wheels" | wc -l) carried wheels into $BUNDLE/site (offline)"
+  rm -rf "$BUNDLE/site"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$BUNDLE/site" \
+    "$BUNDLE"/wheels/*.whl || { echo "error: installing the carried wheels failed"; exit 1; }
+  touch "$BUNDLE/site/.installed"
+fi
+if [[ ! -d $BUNDLE/repo ]]; then
+  mkdir -p "$BUNDLE/repo.tmp" && tar -xzf "$BUNDLE/repo.tar.gz" -C "$BUNDLE/repo.tmp" && mv "$BUNDLE/repo.tmp" "$BUNDLE/repo"
+fi
+export PYTHONPATH=$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH} PATH=$BUNDLE/site/bin:$PATH
+export PIPELINE_DATA_MIRROR=$BUNDLE/datasets PYTHONUNBUFFERED=1 PIPELINE_QUIET=${PIPELINE_QUIET:-1}
+export PIPELINE_GIT_COMMIT=$("$PY" -c "import json, sys; b = json.load(open(sys.argv[1]));
+print(b['git_commit'] + (' (with uncommitted changes)' if b['uncommitted_changes'] else ''))" "$BUNDLE/bundle.json")
+# the stages, Snakemake's jobs and the benchmarks call `python`: make it the node's interpreter
+if [[ $(command -v python || true) != $(command -v "$PY") ]]; then
+  mkdir -p "$BUNDLE/bin" && ln -sf "$(command -v "$PY")" "$BUNDLE/bin/python" && export PATH=$BUNDLE/bin:$PATH
+fi
+# The carried packages' requirements on the node's own (a datasets that wants a newer pyarrow than
+# the node has imports fine and fails inside a stage): a warning line each. Then every package a
+# job imports, before any time is spent: one line naming what is missing.
+python - "$BUNDLE/site" <<'PY' || exit 1
+import importlib, sys
+from importlib.metadata import PackageNotFoundError, distributions, version
+from packaging.requirements import Requirement
+for dist in sorted(distributions(path=[sys.argv[1]]), key=lambda d: d.metadata["Name"].lower()):
+    for line in dist.requires or []:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # an extra's or another platform's
+        try:
+            have = version(req.name)
+        except PackageNotFoundError:
+            print(f"!! carried wheels: {dist.metadata['Name']} {dist.version} needs {req}: not installed on this node")
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            print(f"!! carried wheels: {dist.metadata['Name']} {dist.version} needs {req}: this node has {req.name} {have}")
+found = []
+for name in ("torch", "numpy", "pandas", "pyarrow", "datasets", "sentencepiece", "sacrebleu", "rouge_score",
+             "jsonschema", "matplotlib", "snakemake"):
+    try:
+        importlib.import_module(name)
+        found.append(f"{name} {version(name.replace('_', '-'))}")
+    except Exception as e:
+        sys.exit(f"error: import {name} failed on this node: {type(e).__name__}: {e}")
+print("packages:", ", ".join(found))
+PY
+
+cd "$BUNDLE/repo"
+name=$JOB
+[[ $JOB == study ]] && name=study-$(python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['study'])" "$2")
+[[ $JOB == bench ]] && name=bench-$2
+RESULTS=$BUNDLE/results/$name
+rm -rf "$RESULTS" && mkdir -p "$RESULTS"
+echo "+ $* (commit $PIPELINE_GIT_COMMIT) -> $RESULTS" | tee "$RESULTS/node.log"
+{ "$PY" -c "import platform, torch; print('node:', platform.node(), platform.platform(), 'torch', torch.__version__,
+'CUDA', torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU')"; } \
+  | tee -a "$RESULTS/node.log"
+status=0
+case $JOB in
+  study)
+    params=$2
+    study=$(python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['study'])" "$params")
+    if [[ -f $(dirname "$params")/run.sh ]]; then
+      REQUIRE_CUDA=${REQUIRE_CUDA:-1} bash "$(dirname "$params")/run.sh" 2>&1 | tee -a "$RESULTS/node.log"
+      status=${PIPESTATUS[0]}
+    else
+      omit=()
+      command -v latexmk >/dev/null || omit=(--omit-from report)
+      snakemake --cores "${CORES:-$(nproc)}" --config params="$params" "${omit[@]}" 2>&1 | tee -a "$RESULTS/node.log"
+      status=${PIPESTATUS[0]}
+    fi
+    echo "$params" > "$RESULTS/params.txt"
+    # what the study made, without checkpoints: reports, logs, evaluation outputs, every run's records
+    for p in "reports/$study" "logs/$study" "data/$study/eval" reports/reference; do
+      [[ -e $p ]] && mkdir -p "$RESULTS/$(dirname "$p")" && cp -r "$p" "$RESULTS/$p"
+    done
+    for f in data/"$study"/runs/*/*/seed*/{cost.json,train_metrics.json,train_info.json,train_log.tsv}; do
+      [[ -f $f ]] && mkdir -p "$RESULTS/$(dirname "$f")" && cp "$f" "$RESULTS/$f"
+    done
+    ;;
+  bench)
+    parts=$2
+    [[ $parts == all ]] && parts="a b c d"
+    for part in $parts; do
+      DEST=$RESULTS bash bench/gpu_benchmarks.sh "$part" || status=$?
+    done
+    ;;
+  run)
+    shift 2
+    "$@" 2>&1 | tee -a "$RESULTS/node.log"
+    status=${PIPESTATUS[0]}
+    ;;
+esac
+echo "$status" > "$RESULTS/exit_status"
+tar -czf "$BUNDLE/results-$name.tar.gz" -C "$BUNDLE/results" "$name"
+echo "results: $BUNDLE/results-$name.tar.gz (exit status $status); bring it back and run" \
+     "bash bench/node/unpack.sh results-$name.tar.gz in the repository"
+exit "$status"
