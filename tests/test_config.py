@@ -185,7 +185,7 @@ def test_validate_prints_the_study_compute_estimate(tmp_path, monkeypatch):
     monkeypatch.setattr(estimate, "ROOT", tmp_path)
     total = sum(estimate.job_compute(study, "reorder", c)[1] for c in ("baseline", "pe_none"))
     text = estimate.summary(study)
-    assert f"{total:.3g} FLOPs" in text and f"{total / 1e12 / 60:.1f} device-minutes at 1.0 TFLOP/s" in text
+    assert f"{total:.3g} FLOPs" in text and f"{total / 1e12 / 60:.1f} GPU-minutes at 1.0 TFLOP/s" in text
     # bench_real_cell.py's own report keeps the cost at the top level
     record.write_text('{"benchmark": "real_cell", "cost": {"mfu": 0.25, "peak_flops": 4e12, "device_name": "Y"}}')
     assert estimate.measured_throughput() == (1e12, "Y, real_cell.json")

@@ -9,11 +9,11 @@
 # report.pdf/.tex, results/summary/significance/claims/references CSVs, the cost table, the exact
 # command, wall time and GPU-seconds, stage times, versions, and dvc.lock (hashes of every output,
 # recorded by `dvc commit` after the timed run). Needs the offline mirror in ../shared/datasets
-# (or PIPELINE_DATA_MIRROR) and a CUDA device. On a lent device machine, which starts bare, has
-# no TeX and ends a command at 600 s, run it through `bash bench/device.sh study` (see there).
-# Without latexmk it stops before the PDF (snakemake --omit-from report) and says how to build
-# the PDF elsewhere from the products. STUDY_PARAMS and REQUIRE_CUDA=0 are for a CPU rehearsal
-# of this script with a small study (e.g. workflow/studies/mirror/params.yaml).
+# (or PIPELINE_DATA_MIRROR) and a CUDA device. On a GPU node without internet, run it from a
+# bundle: `bash bundle/node.sh study workflow/studies/gpu/params.yaml` (README, "On a GPU node
+# without internet"). Without latexmk it stops before the PDF (snakemake --omit-from report) and
+# says how to build the PDF elsewhere from the products. STUDY_PARAMS and REQUIRE_CUDA=0 run this
+# script on a CPU with a small study (e.g. workflow/studies/mirror/params.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 PARAMS=${STUDY_PARAMS:-workflow/studies/gpu/params.yaml}
@@ -121,7 +121,7 @@ if os.path.isdir(".git"):
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                 text=True).stdout.strip())
-else:  # a copy without .git (the device machine): the commit bench/gpu_carry.sh recorded
+else:  # a copy without .git (a node's bundle): the commit bench/node/bundle.sh recorded
     commit, dirty = os.environ.get("PIPELINE_GIT_COMMIT", "unknown (no .git)"), False
 freeze = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True).stdout
 with open(f"{out}/versions.txt", "w") as f:
@@ -135,5 +135,5 @@ if ((PDF)); then
 else
   echo "reference products in $OUT/, without the PDF (no TeX here). Where TeX is, with these outputs in place:"
   echo "  python -m pipeline_src report --params $PARAMS && cp reports/$NAME/report.{pdf,tex} $OUT/"
-  echo "  (bench/from_device.sh does this for the tarball of bench/device.sh study)"
+  echo "  (bench/node/unpack.sh does this for the results of bundle/node.sh study)"
 fi
