@@ -97,7 +97,7 @@ json.dump({"git_commit": commit, "uncommitted_changes": dirty == "true",
            "node_python": python, "node_platform": platform, "node_has": has.split(),
            "carried": carried.split(), "built_here": built.split()}, open(out, "w"), indent=1)
 PY
-tar -czf "$OUT.tar.gz" "$OUT"
+tar -czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")"  # unpacks as bundle/ wherever OUT was
 echo "bundle: $OUT/ ($(du -sh "$OUT" | cut -f1)) and $OUT.tar.gz: $(ls "$OUT/wheels" | wc -l) wheels for Python" \
      "$NODE_PYTHON on $NODE_PLATFORM (built here:${built:- none}), datasets/, repo.tar.gz of $commit$($dirty && echo ' + uncommitted changes')"
 echo "on the node: tar -xzf $OUT.tar.gz && bash $OUT/node.sh   (its header lists the jobs)"
