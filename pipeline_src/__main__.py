@@ -9,6 +9,8 @@ import argparse
 import os
 import sys
 
+from . import preemption  # first: a job's time budget counts from its start
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline_src", description=__doc__)
@@ -64,12 +66,20 @@ def main(argv: list[str] | None = None) -> int:
     except StageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except preemption.SavedForLater as e:  # stopped on purpose, nothing lost: not an error, but not done either
+        print(f"stopped: {e}", file=sys.stderr)
+        return preemption.EXIT_SAVED
     except BrokenPipeError:  # output piped into `head` and cut short: not an error of the stage
         sys.stdout = None  # nothing more can be written; keeps the interpreter's exit flush quiet
         return 0
     except Exception as e:  # noqa: BLE001 - anything unforeseen is still one line
         if os.environ.get("PIPELINE_TRACEBACK") == "1":
             raise
+        from .common import is_out_of_memory
+
+        if is_out_of_memory(e):
+            print(f"error: {_out_of_memory(args, study, e)}", file=sys.stderr)
+            return 1
         import traceback
 
         frames = traceback.extract_tb(e.__traceback__)
@@ -131,6 +141,29 @@ def _run(args, study) -> int | None:
         from .dvc_yaml import run
         return run(study, check=args.check)
     raise AssertionError(stage)
+
+
+def _out_of_memory(args, study, err: Exception) -> str:
+    """Which job ran out of memory, where, and the setting that lowers what it needs."""
+    from .common import human_size
+    job = "/".join(str(getattr(args, k)) for k in ("task", "cell", "seed") if getattr(args, k, None) is not None)
+    device = "GPU" if type(err).__name__ == "OutOfMemoryError" else "CPU"
+    fix = "give the job more memory"
+    if args.stage in ("train", "evaluate"):
+        cell = study.cell(args.task, args.cell)
+        where = f"tasks.{args.task}" + (f" or cells.{args.cell}" if args.cell in study.cells else "")
+        if args.stage == "train":
+            fix = (f"lower train.batch_tokens ({cell.train.batch_tokens} now; raise train.grad_accum, "
+                   f"{cell.train.grad_accum} now, to keep the batch) in {where}, or give the job more memory")
+        else:
+            fix = (f"lower eval.batch_size ({cell.eval.batch_size} now) or eval.beam_size "
+                   f"({cell.eval.beam_size}) in {where}, or give the job more memory")
+    import re
+
+    asked = re.search(r"[Tt]ried to allocate ([\d.]+ ?[KMGT]?i?B|\d+ bytes)", str(err))
+    size = asked and (human_size(int(asked[1].split()[0])) if asked[1].endswith(" bytes") else asked[1])
+    detail = f" while allocating {size}" if asked else ""
+    return f"{args.stage} {job}: out of memory on the {device}{detail}; {fix}"
 
 
 if __name__ == "__main__":

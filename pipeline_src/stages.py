@@ -25,7 +25,7 @@ CODE_PATTERNS = {
     "bpe": ["pipeline_src/data/__init__.py", "pipeline_src/data/tokens.py", "pipeline_src/bpe.py"],
     "train": ["pipeline_src/train.py", "pipeline_src/train_state.py", "pipeline_src/train_outputs.py",
               "pipeline_src/batching.py", "pipeline_src/step_meter.py", "pipeline_src/compiling.py", "pipeline_src/optim.py",
-              "pipeline_src/precision.py", "pipeline_src/screening.py", _MODEL],
+              "pipeline_src/precision.py", "pipeline_src/preemption.py", "pipeline_src/screening.py", _MODEL],
     "evaluate": ["pipeline_src/evaluate.py", "pipeline_src/metrics.py", "pipeline_src/batching.py",
                  "pipeline_src/precision.py", _MODEL],
     "promote": ["pipeline_src/screening.py", "pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],

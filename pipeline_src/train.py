@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from . import batching, screening, train_state
-from .common import StageError, progress, seed_everything
+from . import batching, preemption, screening, train_state
+from .common import StageError, progress, reading, seed_everything
 from .compiling import compile_for_training, eager, token_loss
 from .config import CellConfig, Study
 from .data.tokens import BOS, EOS, PAD, load_spm
@@ -112,12 +112,15 @@ class Trainer:
         self.started, self.started_unix = time.perf_counter(), time.time()
         self.meter = StepMeter(self.device)
         stream = self._batches()
+        stop = preemption.StopWatch()  # from here until close(): SIGTERM/SIGUSR1 and the time limit
         bar = progress(total=t.max_steps, initial=state["step"], desc=f"train {self.name}", unit="step")
         try:
             while state["step"] < t.max_steps and "stop_reason" not in state:
                 if budget_spent := self._budget_spent():
                     state["stop_reason"] = budget_spent
                     break
+                if why := self._told_to_stop(stop):
+                    self.save_for_later(why, requeue=stop.out_of_time)  # raises SavedForLater
                 self.train_step(stream)
                 step = state["step"]
                 bar.update(1)
@@ -133,6 +136,7 @@ class Trainer:
                     self.meter.restart_clock()
             self.read_steps()  # a budget may have stopped the run between reads
         finally:
+            stop.close()
             bar.close()
             batching.close(stream)
         if self.world > 1:
@@ -170,6 +174,34 @@ class Trainer:
         self.meter.end_step(state["step"], loss_sum, grad_norm, step_tokens)
 
     # --- the pieces the loop calls -------------------------------------------------------------
+
+    def _told_to_stop(self, stop: preemption.StopWatch) -> str | None:
+        """A signal or the job's time limit. Ranks of a multi-process run decide together, at the
+        steps where they read their statistics anyway (no extra host sync)."""
+        why = stop.reason()
+        if self.world == 1:
+            return why
+        log = self.state["log"]
+        if not (self.state["step"] == 0 or (log and log[-1]["step"] == self.state["step"])):
+            return None
+        import torch.distributed as dist
+        flag = torch.tensor([1.0 if why else 0.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return why or ("another rank was told to stop" if flag.item() else None)
+
+    def save_for_later(self, why: str, requeue: bool) -> None:
+        """Save the state at this step (after a read of the step statistics, which also keeps the
+        NaN guard's promise that a saved state is a good one) and leave. Out of time inside a
+        SLURM batch job, the job is requeued; a signal never requeues (it may be an `scancel`,
+        and a preempting cluster requeues by itself: workflow/profiles/slurm asks it to)."""
+        self.read_steps()
+        self.state.setdefault("stops", []).append({"step": self.state["step"], "why": why})
+        self.save_state()
+        requeued = requeue and self.rank == 0 and preemption.requeue_slurm_job()
+        then = "SLURM requeued the job, which continues from there" if requeued else "the same command continues it"
+        raise preemption.SavedForLater(
+            f"{self.name}: {why}: training state saved at step {self.state['step']} "
+            f"({self.scratch / 'state.pt'}); {then}", requeued)
 
     def _batches(self):
         """Batches in training order from the saved data position; collated ahead in a thread (into
@@ -408,7 +440,8 @@ def load_trained_model(ckpt_dir, device="cpu", which: str | None = None):
     ckpt_dir = Path(ckpt_dir)
     if which is None:
         which = "averaged.pt" if (ckpt_dir / "averaged.pt").exists() else "best.pt"
-    blob = torch.load(ckpt_dir / which, map_location="cpu", weights_only=True)
+    with reading(ckpt_dir / which):
+        blob = torch.load(ckpt_dir / which, map_location="cpu", weights_only=True)
     meta = blob["meta"]
     cfg = ModelConfig(**meta["model_config"])
     model = Transformer(cfg)

@@ -31,12 +31,12 @@ def _env(**extra):
     return env
 
 
-def _write_params(directory: Path, **train_overrides) -> str:
+def _write_params(directory: Path, name: str = "tiny.yaml", **train_overrides) -> str:
     params = yaml.safe_load(TINY.read_text())
     params["tasks"]["reorder"]["train"].update(train_overrides)
     params["tasks"]["reorder"]["model"]["dropout"] = 0.0  # DDP ranks draw different dropout masks
-    (directory / "tiny.yaml").write_text(yaml.safe_dump(params))
-    return "tiny.yaml"
+    (directory / name).write_text(yaml.safe_dump(params))
+    return name
 
 
 @pytest.fixture(scope="module")
