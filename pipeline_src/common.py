@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import platform
@@ -22,6 +23,67 @@ class ConfigError(ValueError):
     """A bad params file. str(err) is a single line naming the key."""
 
 
+# ---------------------------------------------------------------------------------------------
+# Faults of the machine, said in the user's words: which file, what is wrong, how to get back.
+
+
+def no_space_error(path: str | Path, needed_bytes: int | None = None) -> StageError:
+    """Disk full while writing `path` (the write was abandoned: nothing is marked complete)."""
+    where = Path(path).resolve().parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    needed = f", about {human_size(needed_bytes)} needed" if needed_bytes else ""
+    return StageError(f"no space left on the device writing {_shown(path)}: {human_size(free)} free there{needed}; "
+                      f"free some space and run the same command (nothing was marked complete)")
+
+
+def unreadable_error(path: str | Path, err: BaseException) -> StageError:
+    """A file a stage reads is truncated or corrupted: name it and the way to restore it."""
+    path = Path(path)
+    detail = " ".join(str(err).split())[:120]
+    output = _shown(path.parent)  # every stage output that holds files is a directory of them
+    if "scratch" in path.parts:  # a run's resumable state: not tracked, made again by training
+        fix = f"delete {output} and run the same command (the run starts again from its first step)"
+    else:
+        fix = (f"restore it with `dvc checkout {output}` (or `dvc pull {output}` from a remote), or delete "
+               f"{output} and run the same command, which makes it again")
+    return StageError(f"{_shown(path)}: unreadable, truncated or corrupted ({type(err).__name__}: {detail}); {fix}")
+
+
+@contextlib.contextmanager
+def reading(path: str | Path):
+    """Around the read of one file: any failure of the reader becomes unreadable_error(path)."""
+    try:
+        yield
+    except (StageError, MemoryError, FileNotFoundError):
+        raise
+    except Exception as e:  # noqa: BLE001 - readers raise anything on a torn file
+        raise unreadable_error(path, e) from e
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """CPU or GPU allocation failure (torch raises a plain RuntimeError on the CPU)."""
+    return isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError" or (
+        isinstance(err, RuntimeError) and "can't allocate memory" in str(err))
+
+
+def _shown(path: str | Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
+def human_size(n: float) -> str:
+    """Bytes for a reader: 1.5 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
 def _tmp_sibling(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -37,6 +99,10 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     try:
         tmp.write_bytes(data)
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            raise no_space_error(path, len(data)) from e
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

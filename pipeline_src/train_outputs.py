@@ -3,7 +3,8 @@
 ckpt/                last.pt, best.pt (+ averaged.pt with train.average_last), config.json
 train_log.tsv        the logged steps: loss, validation loss, lr, grad norm, tokens/s, memory
 train_info.json      identity, outcome, resolved config, provenance
-cost.json            wall clock, throughput, MFU, memory, precision, allocator, shapes, warm-up
+cost.json            wall clock, throughput, MFU, memory, precision, allocator, shapes, warm-up,
+                     the steps where the run was stopped and continued (signals, job time limits)
 train_metrics.json   numbers only, deterministic (same params + seed -> same bytes on CPU);
                      written last, so its presence means every output above is complete
 """
@@ -50,12 +51,12 @@ def write_checkpoints(run, meta: dict) -> None:
     """ckpt/: the last weights, the best (by validation loss) and the average of the last saved."""
     scratch, state = run.scratch, run.state
     with atomic_dir(run.out["ckpt"]) as ckpt:
-        torch.save({"model": train_state.weights(run.model), "meta": meta}, ckpt / "last.pt")
+        train_state.save(ckpt / "last.pt", {"model": train_state.weights(run.model), "meta": meta})
         best = train_state.load(scratch / "best.pt") if (scratch / "best.pt").exists() else train_state.weights(run.model)
-        torch.save({"model": best, "meta": dict(meta, step=state["best_step"])}, ckpt / "best.pt")
+        train_state.save(ckpt / "best.pt", {"model": best, "meta": dict(meta, step=state["best_step"])})
         if state["averaged"]:
             avg = train_state.average([train_state.load(scratch / n) for n in state["averaged"]])
-            torch.save({"model": avg, "meta": dict(meta, averaged=state["averaged"])}, ckpt / "averaged.pt")
+            train_state.save(ckpt / "averaged.pt", {"model": avg, "meta": dict(meta, averaged=state["averaged"])})
         atomic_write_json(ckpt / "config.json", meta)
 
 
@@ -77,7 +78,7 @@ def cost_record(run) -> dict:
         "precision": precision.name(device, t.precision),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
         "achieved_flops": 3 * fpt * tokens_per_s,  # the convention of estimate.py (FLOPs at the max lengths)
-        "resumed_from_step": run.resumed_from, "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
+        "resumed_from_step": run.resumed_from, "stops": run.state.get("stops", []), "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
         "warmup_s": meter.warmup_s, "allocator": allocator.state(), "compiled": run.compiled, "cuda_graphs": run.graphs,
         "compile_scope": t.compile_scope if run.compiled else None,
         "compiled_graphs": compiled_graphs() if run.compiled else 0}

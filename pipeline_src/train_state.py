@@ -9,6 +9,7 @@ run reads, the state format and the optimiser's implementation.
 """
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from .common import no_space_error, reading
 
 STATE_FORMAT = 2  # 2: optimiser per device (pipeline_src/optim.py), no scheduler state
 
@@ -48,16 +51,36 @@ def set_rng_state(state: dict) -> None:
 
 
 def save(path: Path, obj) -> None:
-    """torch.save through a temporary file + rename: a kill never leaves a torn checkpoint."""
+    """torch.save through a temporary file + rename: a kill never leaves a torn checkpoint. The
+    file is opened here, not by torch, so that a full disk is an OSError we can name."""
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno == errno.ENOSPC:
+            raise no_space_error(path, tensor_bytes(obj)) from e
+        raise
 
 
 def load(path: Path):
     # RNG states hold numpy arrays and tuples, which the weights-only unpickler refuses;
     # this file is our own scratch state, never a downloaded checkpoint.
-    return torch.load(path, map_location="cpu", weights_only=False)
+    with reading(path):
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def tensor_bytes(obj) -> int:
+    """The bytes of every tensor in a (nested) checkpoint: about its size on disk."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
 
 
 def weights(model) -> dict:

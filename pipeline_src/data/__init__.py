@@ -10,6 +10,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..common import reading
 from ..config import SPLITS  # noqa: F401  (re-exported for the data stages)
 
 # Splits with at least this many rows may be processed with `datasets.map(num_proc=...)`.
@@ -68,7 +69,8 @@ def write_parquet(table, path: str | Path) -> None:
 def read_parquet(path: str | Path):
     import pyarrow.parquet as pq
 
-    return pq.read_table(str(path))
+    with reading(path):
+        return pq.read_table(str(path))
 
 
 def field_column(table, dotted: str):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..common import reading
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 # The unknown piece is spelt "<UNK>", not SentencePiece's default "<unk>": PTB and WikiText
 # (non-raw) contain the literal word "<unk>", and a piece with the same spelling makes
@@ -28,8 +30,13 @@ def sides_for(kind: str) -> tuple[str, ...]:
 def load_arrays(bpe_dir: str | Path, split: str, side: str, mmap: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(ids, offsets) of one split and side; ids memory-mapped by default."""
     bpe_dir = Path(bpe_dir)
-    ids = np.load(bpe_dir / f"{split}.{side}.ids.npy", mmap_mode="r" if mmap else None)
-    offsets = np.load(bpe_dir / f"{split}.{side}.offsets.npy")
+    ids_path, offsets_path = bpe_dir / f"{split}.{side}.ids.npy", bpe_dir / f"{split}.{side}.offsets.npy"
+    with reading(ids_path):
+        ids = np.load(ids_path, mmap_mode="r" if mmap else None)
+    with reading(offsets_path):
+        offsets = np.load(offsets_path)
+        if len(offsets) and offsets[-1] != len(ids):  # a torn id array can still be a valid .npy
+            raise ValueError(f"the offsets end at {offsets[-1]}, the ids file holds {len(ids)}")
     return ids, offsets
 
 
@@ -41,10 +48,12 @@ def load_sequences(bpe_dir: str | Path, split: str, side: str) -> list[np.ndarra
 
 def load_index(bpe_dir: str | Path, split: str) -> np.ndarray:
     """Row of the filtered split (data/<study>/filtered/<task>/<split>.parquet) of each sequence."""
-    return np.load(Path(bpe_dir) / f"{split}.index.npy")
+    with reading(Path(bpe_dir) / f"{split}.index.npy"):
+        return np.load(Path(bpe_dir) / f"{split}.index.npy")
 
 
 def load_spm(bpe_dir: str | Path):
     import sentencepiece as spm
 
-    return spm.SentencePieceProcessor(model_file=str(Path(bpe_dir) / "spm.model"))
+    with reading(Path(bpe_dir) / "spm.model"):
+        return spm.SentencePieceProcessor(model_file=str(Path(bpe_dir) / "spm.model"))
