@@ -54,7 +54,8 @@ SlurmctldPort=$PORT
 SlurmdPort=$((PORT + 1))
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$DIR/munge/munge.socket
+# cred_expire is also how long SLURM holds a requeued job back (120 s by default)
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation=$DIR/state

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# A training job longer than its SLURM time limit finishes by itself, across several allocations,
+# through `snakemake --profile workflow/profiles/slurm` on a real SLURM cluster
+# (tests/cluster/slurm_up.sh), and ends with the metrics of the same training run locally:
+#   - the train job asks for 1 minute (--set-resources train:runtime=1) and trains for longer;
+#   - inside the job the stage reads the time left (squeue), saves its state before the limit
+#     and requeues the job (scontrol requeue); SLURM starts it again, the stage resumes;
+#   - checked: SLURM restarted the job at least twice (>= 3 allocations), the run's cost.json
+#     lists its stops, and train_metrics.json equals the local run's byte for byte.
+# Needs SLURM_CONF (or /etc/slurm/slurm.conf) and the venv on PATH.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+WORK=${CLUSTER_WORK:-/tmp/pipeline-cluster-check}-requeue
+PARAMS=workflow/studies/requeue/params.yaml
+RUN=data/requeue/runs/reorder/baseline/seed0
+export PIPELINE_QUIET=1
+fail() { echo "FAIL: $*" >&2; exit 1; }
+say() { echo "check_slurm_requeue: $*"; }
+
+rm -rf "$WORK" && mkdir -p "$WORK/repo"
+(cd "$ROOT" && git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$WORK/repo")
+cd "$WORK/repo"
+mkdir -p "$(dirname "$PARAMS")"
+# The tiny study, one cell, a model and a step count that train for about a minute on 2 cores:
+# more than two allocations' worth under a 1-minute limit (30 s of it kept back for the save).
+python - "$PARAMS" <<'PY'
+import sys, yaml
+p = yaml.safe_load(open("tests/fixtures/params/valid_tiny.yaml"))
+p["study"] = "requeue"
+task = p["tasks"]["reorder"]
+task["cells"] = ["baseline"]
+task["model"].update(d_model=64, d_ff=256)
+task["train"].update(max_steps=3500, eval_every=500, log_every=50)
+yaml.safe_dump(p, open(sys.argv[1], "w"))
+PY
+git init -q && git add -A && git -c user.name=ci -c user.email=ci@localhost commit -qm "scratch copy"
+export PYTHONPATH=$PWD
+
+say "local run (reference), in the background"
+git clone -q "$WORK/repo" "$WORK/local"
+(cd "$WORK/local" && PYTHONPATH=$PWD snakemake --cores 1 --config "params=$PARAMS" --quiet rules -- "$RUN/train_metrics.json") \
+  >"$WORK/local.log" 2>&1 &
+local_run=$!
+
+say "SLURM: the train job has a 1-minute limit"
+t0=$SECONDS
+snakemake --profile workflow/profiles/slurm --config "params=$PARAMS" --slurm-init-seconds-before-status-checks 8 \
+  --set-resources train:runtime=1 -- "$RUN/train_metrics.json" >"$WORK/slurm.log" 2>&1 \
+  || { tail -40 "$WORK/slurm.log"; fail "the SLURM run did not finish"; }
+job=$(grep -oE "submitted with SLURM jobid [0-9]+" "$WORK/slurm.log" | tail -1 | grep -oE "[0-9]+$")  # the cell's
+restarts=$(scontrol show job "$job" 2>/dev/null | grep -oE "Restarts=[0-9]+" | cut -d= -f2)
+[ -n "$restarts" ] || fail "SLURM no longer knows job $job"
+[ "$restarts" -ge 2 ] || fail "job $job was restarted $restarts times; expected >= 2 (>= 3 allocations)"
+stops=$(python -c "import json; print(len(json.load(open('$RUN/cost.json'))['stops']))")
+[ "$stops" = "$restarts" ] || fail "cost.json lists $stops stops, SLURM restarted the job $restarts times"
+grep -q "the job's time is nearly up" "$RUN/cost.json" || fail "cost.json does not say why the run stopped"
+echo "  job $job: $((restarts + 1)) allocations of 1 minute, $stops saved stops, $((SECONDS - t0)) s in all"
+
+say "metrics from the requeued job equal the local run's byte for byte"
+wait $local_run || { tail -30 "$WORK/local.log"; fail "local run"; }
+cmp "$RUN/train_metrics.json" "$WORK/local/$RUN/train_metrics.json" || fail "train_metrics.json differs"
+echo "  $RUN/train_metrics.json identical"
+say "passed"
