@@ -27,6 +27,7 @@ from .compiling import compile_for_training, eager, token_loss
 from .config import CellConfig, Study
 from .data.tokens import BOS, EOS, PAD, load_spm
 from .gpu_slots import claim_gpu
+from .live_log import LiveLog
 from .model import ModelConfig, Transformer, count_parameters, flops_per_token
 from .optim import adamw
 from .precision import autocast
@@ -113,6 +114,7 @@ class Trainer:
         self.meter = StepMeter(self.device)
         stream = self._batches()
         stop = preemption.StopWatch()  # from here until close(): SIGTERM/SIGUSR1 and the time limit
+        live = LiveLog(self.out["log"], state["log"], enabled=self.rank == 0)  # curves as it trains
         bar = progress(total=t.max_steps, initial=state["step"], desc=f"train {self.name}", unit="step")
         try:
             while state["step"] < t.max_steps and "stop_reason" not in state:
@@ -134,9 +136,11 @@ class Trainer:
                     self.evaluate(row)
                     self.save_state()
                     self.meter.restart_clock()
+                live.add(row)
             self.read_steps()  # a budget may have stopped the run between reads
         finally:
             stop.close()
+            live.close()
             bar.close()
             batching.close(stream)
         if self.world > 1:

@@ -2,6 +2,7 @@
 
 ckpt/                last.pt, best.pt (+ averaged.pt with train.average_last), config.json
 train_log.tsv        the logged steps: loss, validation loss, lr, grad norm, tokens/s, memory
+                     (written as the run goes, live_log.py; rewritten whole here)
 train_info.json      identity, outcome, resolved config, provenance
 cost.json            wall clock, throughput, MFU, memory, precision, allocator, shapes, warm-up,
                      the steps where the run was stopped and continued (signals, job time limits)
@@ -20,8 +21,7 @@ import torch
 from . import allocator, precision, train_state
 from .common import atomic_dir, atomic_write_json, atomic_write_text, cpu_name, provenance
 from .compiling import compiled_graphs
-
-LOG_COLUMNS = ["step", "epoch", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mem_mb"]
+from .live_log import log_tsv
 
 
 def write_outputs(run) -> None:
@@ -60,11 +60,6 @@ def write_checkpoints(run, meta: dict) -> None:
         atomic_write_json(ckpt / "config.json", meta)
 
 
-def log_tsv(rows: list[dict]) -> str:
-    return "\t".join(LOG_COLUMNS) + "\n" + "".join(
-        "\t".join(_fmt(r.get(c, "")) for c in LOG_COLUMNS) + "\n" for r in rows)
-
-
 def cost_record(run) -> dict:
     device, t, meter = run.device, run.cell.train, run.meter
     tokens_per_s = meter.tokens_per_s
@@ -93,7 +88,3 @@ def memory_mb(device, peak: bool = False) -> float:
 
 def _utc(unix_s: float) -> str:
     return datetime.datetime.fromtimestamp(unix_s, datetime.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _fmt(v) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)

@@ -26,7 +26,7 @@ OUT=${BUNDLE:-bundle}
 NODE_PYTHON=${NODE_PYTHON:-3.12}
 NODE_PLATFORM=${NODE_PLATFORM:-$(uname -m)}
 NODE_HAS=${NODE_HAS-"torch numpy pandas pyarrow"}
-NEEDS=${NEEDS-"datasets rouge-score jsonschema snakemake sentencepiece sacrebleu matplotlib pyyaml tqdm"}
+NEEDS=${NEEDS-"datasets rouge-score jsonschema snakemake sentencepiece sacrebleu matplotlib pyyaml tqdm tensorboard"}
 [[ -x $PY ]] || { echo "error: $PY not found: run make install first (or set PYTHON)"; exit 1; }
 [[ -d $MIRROR ]] || { echo "error: dataset mirror $MIRROR not found (set PIPELINE_DATA_MIRROR)"; exit 1; }
 case $NODE_PLATFORM in
