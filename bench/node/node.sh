@@ -46,9 +46,11 @@ export PYTHONPATH=$BUNDLE/site${PYTHONPATH:+:$PYTHONPATH} PATH=$BUNDLE/site/bin:
 export PIPELINE_DATA_MIRROR=$BUNDLE/datasets PYTHONUNBUFFERED=1 PIPELINE_QUIET=${PIPELINE_QUIET:-1}
 export PIPELINE_GIT_COMMIT=$("$PY" -c "import json, sys; b = json.load(open(sys.argv[1]));
 print(b['git_commit'] + (' (with uncommitted changes)' if b['uncommitted_changes'] else ''))" "$BUNDLE/bundle.json")
-# the stages, Snakemake's jobs and the benchmarks call `python`: make it the node's interpreter
+# the stages, Snakemake's jobs and the benchmarks call `python`: make it the node's interpreter.
+# A wrapper, not a symlink: a virtual environment's python is found by the path it is called by.
 if [[ $(command -v python || true) != $(command -v "$PY") ]]; then
-  mkdir -p "$BUNDLE/bin" && ln -sf "$(command -v "$PY")" "$BUNDLE/bin/python" && export PATH=$BUNDLE/bin:$PATH
+  mkdir -p "$BUNDLE/bin" && printf '#!/bin/sh\nexec "%s" "$@"\n' "$(command -v "$PY")" >"$BUNDLE/bin/python"
+  chmod +x "$BUNDLE/bin/python" && export PATH=$BUNDLE/bin:$PATH
 fi
 # The carried packages' requirements on the node's own (a datasets that wants a newer pyarrow than
 # the node has imports fine and fails inside a stage): a warning line each. Then every package a
