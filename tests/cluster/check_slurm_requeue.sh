@@ -2,7 +2,9 @@
 # A training job longer than its SLURM time limit finishes by itself, across several allocations,
 # through `snakemake --profile workflow/profiles/slurm` on a real SLURM cluster
 # (tests/cluster/slurm_up.sh), and ends with the metrics of the same training run locally:
-#   - the train job asks for 1 minute (--set-resources train:runtime=1) and trains for longer;
+#   - the train job asks for 1 minute (--set-resources train:runtime=1) and needs ~60 s of
+#     training (its step count is calibrated on this machine first), far more than one
+#     allocation leaves once 30 s are kept back;
 #   - inside the job the stage reads the time left (squeue), saves its state before the limit
 #     and requeues the job (scontrol requeue); SLURM starts it again, the stage resumes;
 #   - checked: SLURM restarted the job at least twice (>= 3 allocations), the run's cost.json
@@ -20,21 +22,35 @@ say() { echo "check_slurm_requeue: $*"; }
 rm -rf "$WORK" && mkdir -p "$WORK/repo"
 (cd "$ROOT" && git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$WORK/repo")
 cd "$WORK/repo"
+export PYTHONPATH=$PWD
 mkdir -p "$(dirname "$PARAMS")"
-# The tiny study, one cell, a model and a step count that train for about a minute on 2 cores:
-# more than two allocations' worth under a 1-minute limit (30 s of it kept back for the save).
-python - "$PARAMS" <<'PY'
+# The tiny study, one cell, d64. Its step count is set from this machine's speed so that the
+# training takes about 60 s: a 1-minute allocation leaves ~20 s of it (30 s are kept back for the
+# save, and the job's start-up comes off too), so it needs at least 3 allocations.
+study() {  # study NAME MAX_STEPS -> params file on stdout
+  python - "$1" "$2" <<'PY'
 import sys, yaml
 p = yaml.safe_load(open("tests/fixtures/params/valid_tiny.yaml"))
-p["study"] = "requeue"
+p["study"] = sys.argv[1]
 task = p["tasks"]["reorder"]
 task["cells"] = ["baseline"]
 task["model"].update(d_model=64, d_ff=256)
-task["train"].update(max_steps=3500, eval_every=500, log_every=50)
-yaml.safe_dump(p, open(sys.argv[1], "w"))
+steps = int(sys.argv[2])
+task["train"].update(max_steps=steps, eval_every=max(1, steps // 5), log_every=50)
+print(yaml.safe_dump(p))
 PY
+}
+study calibrate 300 >"$WORK/calibrate.yaml"
+for stage in "download --dataset tiny_reorder" "filter --task reorder" "bpe --task reorder" \
+             "train --task reorder --cell baseline --seed 0"; do
+  python -m pipeline_src $stage --params "$WORK/calibrate.yaml" >/dev/null
+done
+steps=$(python -c "import json; w = json.load(open('data/calibrate/runs/reorder/baseline/seed0/cost.json'))['wall_s']
+print(max(1000, round(300 / w * 60 / 100) * 100))")
+rm -rf data/calibrate
+say "this machine trains the cell at $((steps / 60)) steps/s: $steps steps, about 60 s"
+study requeue "$steps" >"$PARAMS"
 git init -q && git add -A && git -c user.name=ci -c user.email=ci@localhost commit -qm "scratch copy"
-export PYTHONPATH=$PWD
 
 say "local run (reference), in the background"
 git clone -q "$WORK/repo" "$WORK/local"
