@@ -14,7 +14,7 @@ import yaml
 from pipeline_src import train_state
 from pipeline_src.common import StageError, human_size
 from pipeline_src.stages import output_path
-from test_train import _env, _outputs, _train_cmd, _write_params
+from test_train import _env, _outputs, _prepare_data, _train_cmd, _write_params
 
 JOB = ["--task", "reorder", "--cell", "baseline", "--seed", "0"]
 
@@ -22,11 +22,7 @@ JOB = ["--task", "reorder", "--cell", "baseline", "--seed", "0"]
 @pytest.fixture(scope="module")
 def faults_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("faults")
-    params = _write_params(d, max_steps=20, eval_every=10, log_every=10)
-    for stage, arg in [("download", ["--dataset", "tiny_reorder"]), ("filter", ["--task", "reorder"]),
-                       ("bpe", ["--task", "reorder"])]:
-        subprocess.run([sys.executable, "-m", "pipeline_src", stage, "--params", params, *arg], cwd=d, env=_env(),
-                       check=True, capture_output=True)
+    _prepare_data(d, _write_params(d, max_steps=20, eval_every=10, log_every=10))
     subprocess.run(_train_cmd(), cwd=d, env=_env(), check=True, capture_output=True)
     metrics, _, _ = _outputs(d)
     return d, metrics.read_bytes()

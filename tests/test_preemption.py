@@ -3,14 +3,13 @@ exits 75; the same command continues it to the weights and metrics of a run neve
 import random
 import re
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from pipeline_src import preemption
-from test_train import _clear, _env, _outputs, _train_cmd, _weights, _write_params
+from test_train import _clear, _env, _outputs, _prepare_data, _train_cmd, _weights, _write_params
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +17,7 @@ def signal_dir(tmp_path_factory):
     """The tiny study's data, with one evaluation only (at the end): a state saved before it can
     only come from a stop, and would once have lost every step."""
     d = tmp_path_factory.mktemp("preempt")
-    params = _write_params(d, "signal.yaml", max_steps=400, eval_every=400, log_every=10)
-    for stage, arg in [("download", ["--dataset", "tiny_reorder"]), ("filter", ["--task", "reorder"]),
-                       ("bpe", ["--task", "reorder"])]:
-        subprocess.run([sys.executable, "-m", "pipeline_src", stage, "--params", params, *arg], cwd=d, env=_env(),
-                       check=True, capture_output=True)
+    _prepare_data(d, _write_params(d, "signal.yaml", max_steps=400, eval_every=400, log_every=10))
     return d
 
 

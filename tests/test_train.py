@@ -39,15 +39,19 @@ def _write_params(directory: Path, name: str = "tiny.yaml", **train_overrides) -
     return name
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A directory holding the tiny study's prepared data (download, filter, bpe)."""
-    d = tmp_path_factory.mktemp("train")
-    params = _write_params(d, max_steps=60, eval_every=5, log_every=5)
+def _prepare_data(d: Path, params: str) -> None:
+    """The tiny study's download, filter and bpe stages in `d`."""
     for stage, arg in [("download", ["--dataset", "tiny_reorder"]), ("filter", ["--task", "reorder"]),
                        ("bpe", ["--task", "reorder"])]:
         subprocess.run([sys.executable, "-m", "pipeline_src", stage, "--params", params, *arg], cwd=d, env=_env(),
                        check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A directory holding the tiny study's prepared data (download, filter, bpe)."""
+    d = tmp_path_factory.mktemp("train")
+    _prepare_data(d, _write_params(d, max_steps=60, eval_every=5, log_every=5))
     return d
 
 
