@@ -59,12 +59,6 @@ class StopWatch:
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._note)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def close(self) -> None:
         """Put back the signal handlers there were before."""
         for sig, handler in self._previous.items():
