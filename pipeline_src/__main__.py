@@ -151,7 +151,7 @@ def _out_of_memory(args, study, err: Exception) -> str:
     fix = "give the job more memory"
     if args.stage in ("train", "evaluate"):
         cell = study.cell(args.task, args.cell)
-        where = f"tasks.{args.task}" + (f" or cells.{args.cell}" if args.cell in study.cells else "")
+        where = f"tasks.{args.task}" + (f" or {study.cell_key(args.cell)}" if args.cell in study.cells else "")
         if args.stage == "train":
             fix = (f"lower train.batch_tokens ({cell.train.batch_tokens} now; raise train.grad_accum, "
                    f"{cell.train.grad_accum} now, to keep the batch) in {where}, or give the job more memory")

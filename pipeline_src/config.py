@@ -217,6 +217,16 @@ class Study:
     references: tuple = ()  # claims_config.Reference, from the `references:` section
     screens: dict[str, ScreenConfig] = field(default_factory=dict)
     screen_tasks: dict[str, TaskConfig] = field(default_factory=dict)  # the screening stages' tasks
+    # Where each cell is written in the params file: `cells.<name>`, or `sweeps.<sweep>` for a cell
+    # a sweep generates (its DVC params key and its Snakemake rerun trigger).
+    cell_keys: dict[str, str] = field(default_factory=dict)
+
+    def cell_key(self, cell: str) -> str:
+        return self.cell_keys.get(cell, f"cells.{cell}")
+
+    def cell_where(self, cell: str) -> str:
+        """The cell's place in the params file, for error messages."""
+        return f"{self.cell_keys[cell]} (cell {cell})" if cell in self.cell_keys else f"cells.{cell}"
 
     def task(self, name: str) -> TaskConfig:
         """A task of the study or of a screening stage."""
@@ -360,7 +370,9 @@ def _schema_errors(raw: dict, where: str) -> None:
     # For "oneOf/anyOf"-free schemas the deepest useful message is the error itself.
     path = list(err.absolute_path)
     if err.validator == "additionalProperties":
-        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        patterns = [re.compile(p) for p in err.schema.get("patternProperties", {})]
+        extra = sorted(k for k in set(err.instance) - set(err.schema.get("properties", {}))
+                       if not any(p.search(k) for p in patterns))
         raise ConfigError(f"{where}: {_key(path + extra[:1])}: unknown key")
     if err.validator == "required":
         missing = err.message.split("'")[1] if "'" in err.message else "?"
@@ -402,7 +414,7 @@ def _check_model(model: dict, kind: str, where: str) -> None:
 def _resolve_cell(study: Study, task_name: str, cell_name: str) -> CellConfig:
     task = study.task(task_name)
     cell = study.cells[cell_name]
-    where = f"cells.{cell_name} (task {task_name})"
+    where = f"{study.cell_where(cell_name)} (task {task_name})"
     model = _merge(_merge(MODEL_DEFAULTS, task.model), cell.get("model", {}))
     _check_model(model, task.kind, f"{study.path}: {where}: model")
     train = _merge(task.train, cell.get("train", {}))
@@ -419,7 +431,7 @@ def _resolve_cell(study: Study, task_name: str, cell_name: str) -> CellConfig:
         train=TrainConfig(**train), eval=EvalConfig(**ev), fv=fv, tv=tv)
 
 
-def _screening(raw: dict, tasks: dict, cells: dict, where: str):
+def _screening(raw: dict, tasks: dict, cells: dict, where: str, sweeps: dict[str, list[str]]):
     """`screening:` entries -> ScreenConfigs and the two stage tasks of each: copies of the
     screened task with the screening's cells (the first is the baseline); stage one's filter/bpe/
     train sections are the task's with `stage_one`'s merged over them."""
@@ -428,9 +440,10 @@ def _screening(raw: dict, tasks: dict, cells: dict, where: str):
         key = f"screening.{name}"
         if s["task"] not in tasks:
             raise ConfigError(f"{where}: {key}.task: {s['task']!r} is not an enabled task")
+        s = dict(s, cells=_expand_names(s["cells"], sweeps))
         for c in s["cells"]:
             if c not in cells:
-                raise ConfigError(f"{where}: {key}.cells: unknown cell {c!r} (define it under cells)")
+                raise ConfigError(f"{where}: {key}.cells: unknown cell {c!r} (define it under cells or sweeps)")
         base = tasks[s["task"]]
         screen = ScreenConfig(name=name, task=s["task"], cells=tuple(s["cells"]), top_k=s["promote"].get("top_k"),
                               max_p=s["promote"].get("max_p"))
@@ -448,6 +461,84 @@ def _screening(raw: dict, tasks: dict, cells: dict, where: str):
                 bpe=BpeConfig(**bpe), train=train, source=base.name, screen=name, stage=stage)
         screens[name] = screen
     return screens, stage_tasks
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps: a family written in one line, expanded into named cells.
+
+SWEEP_OPTIONS = ("family", "label", "name")
+
+
+def _sweep_value_name(v) -> str:
+    """1 -> 1, 0.1 -> 0p1, 0.0 -> 0, 1e-4 -> 0p0001, True -> true: valid in a cell name."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        v = f"{v:.10f}".rstrip("0").rstrip(".")
+    return str(v).replace(".", "p").replace("-", "m").lower()
+
+
+def expand_sweeps(raw: dict, where: str) -> dict[str, tuple[str, dict]]:
+    """`sweeps:` -> {cell name: (sweep name, cell dict)}, one cell per value of the axis, or per
+    combination of values for several axes (their product, in file order). A cell is named
+    `<sweep>_<value>[_<value>...]` unless the sweep gives a `name` template; its label is
+    `<setting> <value>, ...` unless it gives a `label` template. Templates use the settings'
+    names, e.g. "{n_heads} heads"."""
+    import itertools
+
+    out: dict[str, tuple[str, dict]] = {}
+    for sweep, spec in (raw.get("sweeps") or {}).items():
+        key = f"sweeps.{sweep}"
+        axes = {k: v for k, v in spec.items() if k not in SWEEP_OPTIONS}
+        if not axes:
+            raise ConfigError(f"{where}: {key}: no axis to sweep (e.g. model.n_heads: [1, 2, 4])")
+        leaves = [a.split(".", 1)[1] for a in axes]
+        if len(set(leaves)) < len(leaves):
+            raise ConfigError(f"{where}: {key}: two axes set the same setting name ({', '.join(leaves)})")
+        if sweep in raw["cells"]:
+            raise ConfigError(f"{where}: {key}: {sweep!r} is also a cell name (a task's cells list would be ambiguous)")
+        for values in itertools.product(*axes.values()):
+            fields = dict(zip(leaves, values))
+            try:
+                name = (spec["name"].format(**fields) if "name" in spec
+                        else "_".join([sweep] + [_sweep_value_name(v) for v in values]))
+                label = (spec["label"].format(**fields) if "label" in spec
+                         else ", ".join(f"{k} {v}" for k, v in fields.items()))
+            except (KeyError, IndexError, ValueError) as e:
+                raise ConfigError(f"{where}: {key}: bad name/label template ({type(e).__name__}: {e}); "
+                                  f"use the settings' names: {', '.join('{' + f + '}' for f in leaves)}") from None
+            if not NAME_RE.match(name):
+                raise ConfigError(f"{where}: {key}: cell name {name!r} must match [a-z0-9_-]+ (give a name template)")
+            if name in raw["cells"] or name in out:
+                raise ConfigError(f"{where}: {key}: cell name {name!r} is already "
+                                  f"{'a cell under cells' if name in raw['cells'] else 'made by sweeps.' + out[name][0]}")
+            cell: dict = {"family": spec.get("family", sweep), "label": label}
+            for axis, value in zip(axes, values):
+                section, setting = axis.split(".", 1)
+                cell.setdefault(section, {})[setting] = value
+            _check_cell(cell, f"{where}: {key}: {name}")
+            out[name] = (sweep, cell)
+    return out
+
+
+def _check_cell(cell: dict, where: str) -> None:
+    """A generated cell against the schema's cell definition: an unknown setting or a bad value
+    is reported at the sweep that made it."""
+    import jsonschema
+
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    cell_schema = dict(schema["properties"]["cells"]["additionalProperties"], **{"$defs": schema["$defs"]})
+    for err in jsonschema.Draft202012Validator(cell_schema).iter_errors(cell):
+        path = list(err.absolute_path)
+        if err.validator == "additionalProperties":
+            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+            raise ConfigError(f"{where}: {_key(path + extra[:1])}: unknown setting")
+        raise ConfigError(f"{where}: {_key(path)}: {err.message.splitlines()[0][:160]}")
+
+
+def _expand_names(names, sweeps: dict[str, list[str]]) -> tuple[str, ...]:
+    """A task's or a screening's cells list, where a sweep's name stands for all of its cells."""
+    return tuple(dict.fromkeys(c for n in names for c in sweeps.get(n, [n])))
 
 
 def load_study(path: str | Path) -> Study:
@@ -482,9 +573,15 @@ def load_study(path: str | Path) -> Study:
                     raise ConfigError(f"{where}: datasets.{name}.fields.{f}: required for a {d['kind']} dataset")
         datasets[name] = DatasetConfig(name=name, **{k: v for k, v in d.items()})
 
-    cells = raw["cells"]
+    swept = expand_sweeps(raw, where)
+    cells = {**raw["cells"], **{name: cell for name, (_, cell) in swept.items()}}
+    cell_keys = {name: f"sweeps.{sweep}" for name, (sweep, _) in swept.items()}
+    by_sweep: dict[str, list[str]] = {}
+    for name, (sweep, _) in swept.items():
+        by_sweep.setdefault(sweep, []).append(name)
     tasks = {}
     for name, t in raw["tasks"].items():
+        t = dict(t, cells=_expand_names(t["cells"], by_sweep))
         if t["dataset"] not in datasets:
             raise ConfigError(f"{where}: tasks.{name}.dataset: unknown dataset {t['dataset']!r}")
         if datasets[t["dataset"]].kind != t["kind"]:
@@ -492,7 +589,7 @@ def load_study(path: str | Path) -> Study:
                 f"{where}: tasks.{name}.kind: {t['kind']} but dataset {t['dataset']} is {datasets[t['dataset']].kind}")
         for c in t["cells"]:
             if c not in cells:
-                raise ConfigError(f"{where}: tasks.{name}.cells: unknown cell {c!r} (define it under cells)")
+                raise ConfigError(f"{where}: tasks.{name}.cells: unknown cell {c!r} (define it under cells or sweeps)")
         baseline = t.get("baseline_cell", t["cells"][0])
         if baseline not in t["cells"]:
             raise ConfigError(f"{where}: tasks.{name}.baseline_cell: {baseline!r} is not in the task's cells")
@@ -510,11 +607,11 @@ def load_study(path: str | Path) -> Study:
     sample_task = (raw.get("report") or {}).get("attention_sample_task")
     if sample_task is not None and sample_task not in tasks:
         raise ConfigError(f"{where}: report.attention_sample_task: {sample_task!r} is not an enabled task")
-    screens, screen_tasks = _screening(raw, tasks, cells, where)
+    screens, screen_tasks = _screening(raw, tasks, cells, where, by_sweep)
     study = Study(
         path=where, name=raw["study"], raw=raw, mirror=raw.get("mirror"), device=raw.get("device", "auto"),
         seeds=tuple(raw["seeds"]), datasets=datasets, tasks=tasks, cells=cells, report=raw.get("report", {}),
-        screens=screens, screen_tasks=screen_tasks)
+        screens=screens, screen_tasks=screen_tasks, cell_keys=cell_keys)
     for name, task in study.all_tasks.items():
         for c in task.cells:  # resolve every cell now, so a bad combination fails before any stage runs
             study.cell(name, c)
@@ -580,7 +677,7 @@ def _check_positions(study: Study, task: str, cell: CellConfig) -> None:
     have = cell.model["max_len"]
     if need > have:
         raise ConfigError(
-            f"{study.path}: cells.{cell.cell} (task {task}): model.max_len: {have} is below the {need} positions "
+            f"{study.path}: {study.cell_where(cell.cell)} (task {task}): model.max_len: {have} is below the {need} positions "
             f"a sequence may take ({how}; {cell.model['arch']}, pos_encoding {cell.model['pos_encoding']}); "
             f"raise tasks.{task}.model.max_len to {need} or lower tasks.{task}.{keys}")
 

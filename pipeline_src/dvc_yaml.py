@@ -119,10 +119,14 @@ def render(study: Study) -> str:
     stages: dict = {}
     for stage, all_jobs in jobs_by_stage(study).items():
         groups: dict[str, list[Job]] = {}
-        for j in all_jobs.values():  # screening stages' jobs read other params: their own stages
-            groups.setdefault(j.group, []).append(j)
-        for group, jobs in groups.items():
-            _render_stage(study, f"{stage}-{group}" if group else stage, jobs, stages)
+        for j in all_jobs.values():
+            # Screening stages' jobs and a sweep's cells read other params keys than the rest
+            # (screening.<s>, sweeps.<s>): each group is a foreach stage of its own.
+            cell_key = study.cell_key(j.wildcards["cell"]) if "cell" in j.wildcards else ""
+            sweep = "sweep-" + cell_key.split(".", 1)[1] if cell_key.startswith("sweeps.") else ""
+            groups.setdefault("-".join(filter(None, (stage, j.group, sweep))), []).append(j)
+        for name, jobs in groups.items():
+            _render_stage(study, name, jobs, stages)
     text = yaml.safe_dump({"stages": stages, **_views(study)}, sort_keys=False, width=120, default_flow_style=False)
     return HEADER.format(params=Path(study.path).as_posix()) + text
 
@@ -145,14 +149,25 @@ def _render_stage(study: Study, stage: str, jobs: list[Job], stages: dict) -> No
     stages[stage] = {"foreach": items, "do": bodies[0]}
 
 
+def stale_message(study: Study) -> str | None:
+    """None if the study's dvc.yaml is what its params file makes now; else one line saying how
+    to regenerate it. Every stage run by DVC asks this first (DVC sets DVC_STAGE): after cells,
+    seeds or tasks change, a stale dvc.yaml would run yesterday's DAG."""
+    path = dvc_yaml_path(study)
+    current = path.read_text() if path.exists() else ""
+    if current == render(study):
+        return None
+    return (f"{path} is out of date with {study.path} (its cells, seeds or tasks changed): run "
+            f"`python -m pipeline_src dvc-yaml --params {study.path}` (or `make dvc-yaml`), then `dvc repro` again")
+
+
 def run(study: Study, check: bool = False) -> int:
     path = dvc_yaml_path(study)
     text = render(study)
     if check:
-        current = path.read_text() if path.exists() else ""
-        if current != text:
-            print(f"{path} is out of date: run `python -m pipeline_src dvc-yaml --params {study.path}`",
-                  file=sys.stderr)
+        message = stale_message(study)
+        if message:
+            print(message, file=sys.stderr)
             return 1
         print(f"{path} is up to date")
         return 0

@@ -222,14 +222,14 @@ def run_jobs(study: Study) -> tuple[list[Job], list[Job]]:
                 key = f"{task.name}-{cell}-s{seed}"
                 args = {"task": task.name, "cell": cell, "seed": seed}
                 train_params = (_task_keys(study, task, "model") + _task_keys(study, task, "train")
-                                + _existing(study, f"cells.{cell}"))
+                                + _existing(study, study.cell_key(cell)))
                 # Stage two of a screening: a cell trains only if stage one promoted its family
                 # (the promote job's record; otherwise the job writes a "not promoted" record).
                 gate = [promotion_path(study, task.screen)] if _group(task, cell).endswith("-gated") else []
                 train_jobs.append(_job(study, "train", key, wc, [bpe] + gate, train_params, args,
                                        group=_group(task, cell)))
                 ckpt = output_path("train", "ckpt", study=study.name, **wc)
-                eval_params = _task_keys(study, task, "eval") + _existing(study, f"cells.{cell}")
+                eval_params = _task_keys(study, task, "eval") + _existing(study, study.cell_key(cell))
                 eval_jobs.append(_job(study, "evaluate", key, wc, [bpe, ckpt], eval_params, args,
                                       group=_group(task)))
     return train_jobs, eval_jobs
@@ -247,8 +247,8 @@ def report_jobs(study: Study, jobs: list[Job], train_jobs: list[Job], eval_jobs:
     run_files = [j.out(n) for j in train_jobs for n in ("metrics", "info", "cost")]
     eval_files = [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")]
     logs = [j.out("log") for j in train_jobs]
-    agg = _job(study, "aggregate", s, wc, filtered_all + run_files + eval_files + logs, ["tasks", "cells", "seeds"],
-               {})
+    agg = _job(study, "aggregate", s, wc, filtered_all + run_files + eval_files + logs,
+               _existing(study, "tasks", "cells", "sweeps", "seeds"), {})
     # The attention heat map reads one checkpoint: the first cell and seed of the chosen task.
     attention_task = study.report.get("attention_sample_task") or next(iter(study.tasks))
     first = next(j for j in train_jobs if j.wildcards["task"] == attention_task)
@@ -264,7 +264,7 @@ def report_jobs(study: Study, jobs: list[Job], train_jobs: list[Job], eval_jobs:
     # (the data tables describe each task's data as its baseline cell sees it)
     base_data = [p for t in study.tasks for p in data_paths(study, t)]
     tabs = _job(study, "tables", s, wc, list(agg.outs.values()) + base_data + screening,
-                _existing(study, "tasks", "cells", "datasets", "screening"), {})
+                _existing(study, "tasks", "cells", "sweeps", "datasets", "screening"), {})
     # Claims and references: evidence from the aggregate tables and the per-example test outputs.
     claims = _job(study, "claims", s, wc, list(agg.outs.values()) + eval_files,
                   _existing(study, "claims", "references", *[f"tasks.{t}.baseline_cell" for t in study.tasks]), {})

@@ -31,7 +31,7 @@ def new_state() -> dict:
 
 def fingerprint(study, task: str, cell_name: str, optimizer) -> str:
     """Identifies the run a saved state belongs to (CPU and CUDA optimisers differ)."""
-    params = study.section_hash(f"tasks.{task}.model", f"tasks.{task}.train", f"cells.{cell_name}")
+    params = study.section_hash(f"tasks.{task}.model", f"tasks.{task}.train", study.cell_key(cell_name))
     return f"{params}/{STATE_FORMAT}/{type(optimizer).__module__}"
 
 

@@ -226,3 +226,59 @@ def test_cuda_graphs_needs_compile_and_static_shapes(tmp_path):
     train["length_buckets"] = 8
     path.write_text(yaml.safe_dump(raw))
     assert load_study(path).cell("reorder", "baseline").train.cuda_graphs is True
+
+
+def _with_sweeps(tmp_path, sweeps: dict, cells: list) -> Path:
+    import yaml
+
+    params = yaml.safe_load((FIXTURES / "valid_tiny.yaml").read_text())
+    params["sweeps"] = sweeps
+    params["tasks"]["reorder"]["cells"] = cells
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+def test_a_sweep_is_a_family_of_named_cells_like_hand_written_ones(tmp_path):
+    path = _with_sweeps(tmp_path, {
+        "heads": {"model.n_heads": [1, 4]},                                   # one axis, default names/labels
+        "shape": {"model.d_model": [16, 32], "model.dropout": [0.0, 0.1],      # a product of two axes
+                  "family": "size", "label": "d{d_model}, dropout {dropout}"}},
+        ["baseline", "heads", "shape_32_0p1", "pe_none"])
+    study = load_study(path)
+    # A sweep's name in a task's cells list stands for all its cells, in order; single cells by name.
+    assert study.tasks["reorder"].cells == ("baseline", "heads_1", "heads_4", "shape_32_0p1", "pe_none")
+    assert study.cells["heads_4"] == {"family": "heads", "label": "n_heads 4", "model": {"n_heads": 4}}
+    assert {c for c in study.cells if c.startswith("shape_")} == {"shape_16_0", "shape_16_0p1", "shape_32_0", "shape_32_0p1"}
+    assert study.cells["shape_32_0p1"] == {"family": "size", "label": "d32, dropout 0.1",
+                                           "model": {"d_model": 32, "dropout": 0.1}}
+    resolved = study.cell("reorder", "shape_32_0p1")  # resolved over the task's base like any cell
+    assert (resolved.model["d_model"], resolved.model["dropout"], resolved.model["n_heads"]) == (32, 0.1, 2)
+    assert resolved.family == "size" and resolved.label == "d32, dropout 0.1"
+    # DVC tracks (and Snakemake hashes) the sweep's entry for its cells: a key that is in the file.
+    assert study.cell_key("heads_1") == "sweeps.heads" and study.cell_key("pe_none") == "cells.pe_none"
+    from pipeline_src.dvc_yaml import render
+    from pipeline_src.stages import jobs_by_stage
+
+    train = jobs_by_stage(study)["train"]
+    assert "sweeps.heads" in train["reorder-heads_1-s0"].params
+    assert "cells.pe_none" in train["reorder-pe_none-s0"].params
+    import yaml
+
+    stages = yaml.safe_load(render(study))["stages"]
+    assert "reorder-heads_4-s0" in stages["train-sweep-heads"]["foreach"]
+    assert "sweeps.heads" in stages["train-sweep-heads"]["do"]["params"][0][str(path)]
+    # The report's cells table lists swept cells with their family and label.
+    from pipeline_src.report.tables import cells_table
+
+    table = cells_table(study)
+    assert "d32, dropout 0.1" in table and "n\\_heads 4" in table.replace(r"\allowbreak{}", "")
+
+
+def test_the_shipped_studies_write_their_families_as_sweeps():
+    gpu = load_study(ROOT / "workflow/studies/gpu/params.yaml")
+    assert gpu.tasks["multi30k_en_de"].cells[3:5] == ("heads_1", "heads_16")
+    assert gpu.cell_key("dropout_0p1") == "sweeps.dropout" and gpu.cells["layers_4"]["family"] == "layers"
+    demo = load_study(ROOT / "workflow/studies/demo/params.yaml")
+    assert demo.tasks["reorder"].cells[-2:] == ("data_size_0p1", "data_size_0p3")
+    assert demo.cells["data_size_0p3"]["label"] == "30% of train"
