@@ -59,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         study = load_study(args.params)
+        if os.environ.get("DVC_STAGE") and args.stage not in ("validate", "dvc-yaml"):
+            from .dvc_yaml import stale_message
+
+            message = stale_message(study)  # before the stage touches anything
+            if message:
+                raise ConfigError(message)
         return _run(args, study) or 0
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

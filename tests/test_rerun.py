@@ -132,3 +132,36 @@ def test_dvc_reruns_only_the_edited_tokenizer_fork(repo):
     ran = set(re.findall(r"Running stage '[^:]+:([^']+)'", out))
     assert ran == {"bpe@reorder-default-word60", "train@reorder-tok_char-s0", "evaluate@reorder-tok_char-s0"} \
         | REPORT_STEPS, ran
+
+
+def _files(folder: Path) -> dict[Path, int]:
+    return {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
+
+
+def test_dvc_repro_on_a_stale_dvc_yaml_stops_before_any_work(repo):
+    """Cells added to or removed from a task: `dvc repro` with yesterday's dvc.yaml stops at the
+    first stage it starts, in one line naming the command that regenerates the file; regenerated,
+    it runs the new DAG."""
+    dvc_file, path = "workflow/studies/tiny/dvc.yaml", repo / PARAMS
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", PIPELINE_QUIET="1", PYTHONPATH=str(repo))
+    for edit in ("add", "remove"):
+        params = yaml.safe_load(path.read_text())
+        cells = params["tasks"]["reorder"]["cells"]
+        cells.append("heads_1") if edit == "add" else cells.remove("data_half")
+        path.write_text(yaml.safe_dump(params, sort_keys=False))
+        runs = _files(repo / "data/tiny")
+        proc = subprocess.run([BIN / "dvc", "repro", dvc_file], cwd=repo, capture_output=True, text=True, env=env)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out
+        ours = [line for line in out.splitlines() if "is out of date" in line]
+        assert len(ours) == 1 and f"`python -m pipeline_src dvc-yaml --params {PARAMS}`" in ours[0], out
+        assert len(re.findall(r"Running stage", out)) == 1, out  # the first stage started stopped at once
+        assert _files(repo / "data/tiny") == runs  # no job ran: data and runs untouched
+
+        _run([sys.executable, "-m", "pipeline_src", "dvc-yaml", "--params", PARAMS], repo)
+        ran = set(re.findall(r"Running stage '[^:]+:([^']+)'", _run([BIN / "dvc", "repro", dvc_file], repo)))
+        if edit == "add":
+            assert {"train@reorder-heads_1-s0", "evaluate@reorder-heads_1-s0"} | REPORT_STEPS <= ran, ran
+        else:
+            assert "aggregate" in ran and ran <= REPORT_STEPS, ran
+        assert "Running stage" not in _run([BIN / "dvc", "repro", dvc_file], repo)
