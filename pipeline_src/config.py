@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -521,14 +522,19 @@ def expand_sweeps(raw: dict, where: str) -> dict[str, tuple[str, dict]]:
     return out
 
 
-def _check_cell(cell: dict, where: str) -> None:
-    """A generated cell against the schema's cell definition: an unknown setting or a bad value
-    is reported at the sweep that made it."""
+@functools.lru_cache(maxsize=1)
+def _cell_validator():
     import jsonschema
 
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
     cell_schema = dict(schema["properties"]["cells"]["additionalProperties"], **{"$defs": schema["$defs"]})
-    for err in jsonschema.Draft202012Validator(cell_schema).iter_errors(cell):
+    return jsonschema.Draft202012Validator(cell_schema)
+
+
+def _check_cell(cell: dict, where: str) -> None:
+    """A generated cell against the schema's cell definition: an unknown setting or a bad value
+    is reported at the sweep that made it."""
+    for err in _cell_validator().iter_errors(cell):
         path = list(err.absolute_path)
         if err.validator == "additionalProperties":
             extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
