@@ -19,6 +19,16 @@ def copy_project(dest: Path) -> Path:
     return dest
 
 
+def without_shipped_pipelines(repo: Path) -> Path:
+    """Remove the shipped studies' dvc.yaml files from a copy whose tests drive DVC on a study of
+    their own: `dvc repro`, `dvc exp` and `dvc plots` parse every dvc.yaml in the repository
+    (about 9,000 lines for the shipped studies), which is much of a small command's time and
+    none of what is tested."""
+    for path in [repo / "dvc.yaml", *repo.glob("workflow/studies/*/dvc.yaml")]:
+        path.unlink()
+    return repo
+
+
 def checkout_env(**extra) -> dict:
     """os.environ with this checkout first on PYTHONPATH. The caller's entries stay after it: on a GPU
     node run from a bundle they hold the bundle's packages (bench/node/node.sh)."""

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from project_copy import copy_project
+from project_copy import copy_project, without_shipped_pipelines
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def _edit_cell(repo: Path, **model):
 def repo(tmp_path_factory):
     """A git + DVC copy of the project with a tiny study, run once end to end by Snakemake."""
     repo = tmp_path_factory.mktemp("rerun") / "repo"
-    copy_project(repo)
+    without_shipped_pipelines(copy_project(repo))
     (repo / PARAMS).parent.mkdir(parents=True, exist_ok=True)
     # The tiny study plus cells that reach the data (a data-size and a tokenizer cell) and a
     # two-stage screening, so the forks and the promotion run under both drivers.
