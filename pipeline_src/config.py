@@ -359,12 +359,22 @@ def _key(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
 
-def _schema_errors(raw: dict, where: str) -> None:
+@functools.lru_cache(maxsize=None)
+def _validator(part: str = ""):
+    """The params schema's validator, or (part="cell") that of one entry of `cells:`, which
+    checks the cells a sweep generates."""
     import jsonschema
 
     schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(raw), key=lambda e: (len(list(e.absolute_path)), list(map(str, e.absolute_path))))
+    if part == "cell":
+        schema = dict(schema["properties"]["cells"]["additionalProperties"], **{"$defs": schema["$defs"]})
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _schema_errors(raw: dict, where: str, part: str = "") -> None:
+    """Raise the first schema error of `raw` (the params file, or one generated cell) as one line."""
+    errors = sorted(_validator(part).iter_errors(raw),
+                    key=lambda e: (len(list(e.absolute_path)), list(map(str, e.absolute_path))))
     if not errors:
         return
     err = errors[0]
@@ -517,29 +527,9 @@ def expand_sweeps(raw: dict, where: str) -> dict[str, tuple[str, dict]]:
             for axis, value in zip(axes, values):
                 section, setting = axis.split(".", 1)
                 cell.setdefault(section, {})[setting] = value
-            _check_cell(cell, f"{where}: {key}: {name}")
+            _schema_errors(cell, f"{where}: {key}: {name}", part="cell")
             out[name] = (sweep, cell)
     return out
-
-
-@functools.lru_cache(maxsize=1)
-def _cell_validator():
-    import jsonschema
-
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
-    cell_schema = dict(schema["properties"]["cells"]["additionalProperties"], **{"$defs": schema["$defs"]})
-    return jsonschema.Draft202012Validator(cell_schema)
-
-
-def _check_cell(cell: dict, where: str) -> None:
-    """A generated cell against the schema's cell definition: an unknown setting or a bad value
-    is reported at the sweep that made it."""
-    for err in _cell_validator().iter_errors(cell):
-        path = list(err.absolute_path)
-        if err.validator == "additionalProperties":
-            extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
-            raise ConfigError(f"{where}: {_key(path + extra[:1])}: unknown setting")
-        raise ConfigError(f"{where}: {_key(path)}: {err.message.splitlines()[0][:160]}")
 
 
 def _expand_names(names, sweeps: dict[str, list[str]]) -> tuple[str, ...]:

@@ -122,8 +122,7 @@ def render(study: Study) -> str:
         for j in all_jobs.values():
             # Screening stages' jobs and a sweep's cells read other params keys than the rest
             # (screening.<s>, sweeps.<s>): each group is a foreach stage of its own.
-            cell_key = study.cell_key(j.wildcards["cell"]) if "cell" in j.wildcards else ""
-            sweep = "sweep-" + cell_key.split(".", 1)[1] if cell_key.startswith("sweeps.") else ""
+            sweep = study.cell_keys.get(j.wildcards.get("cell"), "").replace("sweeps.", "sweep-")
             groups.setdefault("-".join(filter(None, (stage, j.group, sweep))), []).append(j)
         for name, jobs in groups.items():
             _render_stage(study, name, jobs, stages)
@@ -163,7 +162,6 @@ def stale_message(study: Study) -> str | None:
 
 def run(study: Study, check: bool = False) -> int:
     path = dvc_yaml_path(study)
-    text = render(study)
     if check:
         message = stale_message(study)
         if message:
@@ -171,6 +169,7 @@ def run(study: Study, check: bool = False) -> int:
             return 1
         print(f"{path} is up to date")
         return 0
+    text = render(study)
     atomic_write_text(path, text)
     print(f"wrote {path} ({text.count(chr(10))} lines)")
     return 0
