@@ -12,7 +12,7 @@ MIRROR := workflow/studies/mirror/params.yaml
 GPU_STUDY := workflow/studies/gpu/params.yaml
 CPU_STUDY := workflow/studies/cpu/params.yaml
 
-.PHONY: install system-deps demo mirror cpu-study full slurm cluster-test test bench bundle dvc-yaml lint clean
+.PHONY: install system-deps demo mirror cpu-study gpu-plan gpu-report full slurm cluster-test test bench bundle dvc-yaml lint clean
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,16 @@ mirror: install
 # the same command continues a stopped run. Products -> reports/reference/cpu/.
 cpu-study: install
 	bash workflow/studies/cpu/run.sh
+
+# The GPU study in parts for short GPU job slots (README "On a GPU node without internet"): its parts
+# and predicted minutes; then, from the archives its parts brought back (ARCHIVES: a folder or files),
+# its report on this machine, and with REFERENCE=reports/reference/h100 the reference copy too.
+gpu-plan: install
+	python -m pipeline_src parts plan --params $(GPU_STUDY)
+
+ARCHIVES ?= archives
+gpu-report: install
+	python -m pipeline_src parts build $(ARCHIVES) --params $(GPU_STUDY) $(if $(REFERENCE),--reference $(REFERENCE))
 
 # The real study (params.yaml): needs the Hub or PIPELINE_DATA_MIRROR, and a GPU to finish in days not months.
 full: install

@@ -46,6 +46,16 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--make", action="store_true", help="copy the run's files into the reference instead")
     sp = stage("dvc-yaml", "write the dvc.yaml for a study from the stage table")
     sp.add_argument("--check", action="store_true", help="exit 1 if the file on disk is out of date")
+    sp = stage("parts", "a study in parts for short GPU job slots: plan, targets, pack, build (pipeline_src/parts.py)")
+    sp.add_argument("action", choices=["plan", "layout", "targets", "pack", "build"])
+    sp.add_argument("archives", nargs="*", help="build: the parts' archives, or the folder that holds them (right after build)")
+    sp.add_argument("--part", help="targets, pack: the part's name (parts.yaml)")
+    sp.add_argument("--out", help="pack: the folder the archive goes to")
+    sp.add_argument("--reference", help="build: also copy the products, times and versions into this folder")
+    sp.add_argument("--started", help="pack: when the part started (UTC, ISO 8601)")
+    sp.add_argument("--status", type=int, help="pack: the exit status of the part's Snakemake run")
+    sp.add_argument("--log", help="pack: the part's console log, carried in the archive")
+    sp.add_argument("--gpu-util", help="pack: the part's nvidia-smi samples, carried in the archive")
     return p
 
 
@@ -146,6 +156,10 @@ def _run(args, study) -> int | None:
     if stage == "dvc-yaml":
         from .dvc_yaml import run
         return run(study, check=args.check)
+    if stage == "parts":
+        from .parts import run
+        return run(study, args.action, args.part, args.out, args.archives, args.reference, args.started, args.status,
+                   args.log, args.gpu_util)
     raise AssertionError(stage)
 
 

@@ -12,6 +12,10 @@ A CPU study (device: cpu; auto shows both) uses the CPU records instead: the ach
 one single-threaded training job, and as many jobs at a time as the machine has cores (what
 `snakemake --cores N` runs), so the wall-clock line is training only: data preparation,
 evaluation and the report come on top.
+
+A study with a parts file (pipeline_src/parts.py; the GPU study) also gets its wall time on the
+GPU the file names, part by part (`predict_parts`), by list-scheduling its jobs on the GPU's job
+slots as Snakemake does. What is measured and what is assumed is said where each number is set.
 """
 from __future__ import annotations
 
@@ -93,6 +97,11 @@ def summary(study: Study) -> str:
             text += f"\n  = {when} at {rate / 1e12:.1f} TFLOP/s achieved by the last real-cell benchmark ({where})"
         else:
             text += "\n  (no real-cell benchmark yet: bench/bench_real_cell.py measures the throughput for hours)"
+    if study.device in ("cuda", "auto"):
+        from .parts_layout import layout_path
+
+        if layout_path(study).is_file():  # a study that runs in parts: its wall time, part by part
+            text += "\n" + predict_parts(study)["text"]
     if study.device in ("cpu", "auto"):
         text += "\n" + cpu_line(total_flops, len(study.seeds) * sum(len(study.own_cells(n)) for n in study.all_tasks))
     return "\n".join([text, *lines])
@@ -108,3 +117,188 @@ def cpu_line(total_flops: float, runs: int, cores: int | None = None) -> str:
     wall_min = core_min / max(1, min(cores, runs))
     return (f"  = {core_min:,.0f} CPU core-minutes at {rate / 1e9:.0f} GFLOP/s per one-thread training job ({where}); "
             f"{min(cores, runs)} jobs at a time on this machine's {cores} cores: ~{wall_min:,.0f} min of training")
+
+
+# --- wall time of a study in parts, on one GPU ---------------------------------------------------------
+#
+# Measured on an H100 (the records are read, not copied):
+#   * a training step of the eager engine is launch-bound: its time grows with the number of layers
+#     and hardly with d_model or the batch (bench/results/h100/train_step_b64.md: d128/2+2 11.7 ms,
+#     d256/3+3 19.8 ms, d512/6+6 40.4 ms at 8k-token batches, isolated). The real Multi30k cell
+#     (d512, 6+6 layers, 8k-token batches, with its data loading, logging and evaluations) made
+#     `steps` steps in `wall_s` seconds (real_cell_multi30k_metrics.json, _cost.json): 47.5 ms,
+#     i.e. 3.96 ms per layer and step, which is what a job here is given, alone on the GPU.
+#   * data: a part prepares its tasks' data first. The reference CPU study's download, filter and
+#     BPE stages of Multi30k and PTB (reports/reference/cpu/timing.json: the longest job of each
+#     stage, 1.5 + 1.4 + 2.6 s on a 2-core CPU) give it; the node's CPU is not slower.
+#   * decoding: beam 4 over 512 sentences in 0.28 s for d256/3+3 (decode_b512_within_sentence.md):
+#     a 1,000-sentence test set is ~1 s of an evaluation job.
+# Assumed (never measured; the first run of a study in parts measures them):
+SHARING_EFFICIENCY = 0.5  # K >= 2 jobs sharing one GPU make K x 0.5 times the steps of one job alone
+# a train/evaluate process before its first step: importing torch and the stages (2.1 s measured on
+# a 2-core CPU), the CUDA context and libraries, the peak-FLOP/s probe, data and model (assumed)
+JOB_START_S = 8.0
+EVAL_WORK_S = 5.0         # an evaluation's own work: test/validation perplexity passes and decoding
+PART_START_S = 10.0       # per part: listing its targets, Snakemake's DAG (node.sh's import checks: once)
+PACK_S = 10.0             # packing a part's archive
+# After a study has run in parts, its own records replace the step time and the evaluation time:
+# per task, the measured seconds per layer and step while the jobs shared the GPU, and the mean
+# evaluate job (bench/study_throughput.py's record, written by `parts build --reference`).
+H100_RECORDS = ROOT / "bench" / "results" / "h100"
+STEP_RECORDS = ((ROOT / "reports" / "bench" / "real_cell.json", None),
+                (H100_RECORDS / "real_cell_multi30k_cost.json", H100_RECORDS / "real_cell_multi30k_metrics.json"))
+DATA_RECORD = ROOT / "reports" / "reference" / "cpu" / "timing.json"
+REAL_CELL_LAYERS = 12  # bench/real_cell.yaml: the base model, 6 + 6 layers
+
+
+def _layers(model: dict) -> int:
+    arch = model.get("arch", "encoder_decoder")
+    if arch == "decoder_only":
+        return int(model["dec_layers"])
+    if arch == "encoder_only":
+        return int(model["enc_layers"])
+    return int(model["enc_layers"]) + int(model["dec_layers"])
+
+
+def measured_step() -> tuple[float, str] | None:
+    """(seconds per layer and step of one eager training job alone on the GPU, where measured)."""
+    for cost_path, metrics_path in STEP_RECORDS:
+        if not cost_path.exists():
+            continue
+        record = json.loads(cost_path.read_text())
+        cost = record.get("cost") or record.get("results", {}).get("cost") or record
+        metrics = record.get("metrics") or record.get("results", {}).get("metrics") or (
+            json.loads(metrics_path.read_text()) if metrics_path and metrics_path.exists() else {})
+        layers = _layers(record["model"]) if isinstance(record.get("model"), dict) and "enc_layers" in record["model"] \
+            else REAL_CELL_LAYERS
+        if cost.get("wall_s") and metrics.get("steps") and not cost.get("compiled"):
+            where = f"{cost.get('device_name')}, {_shown(cost_path)}"
+            return cost["wall_s"] / metrics["steps"] / layers, where
+    return None
+
+
+def measured_study(study: Study) -> tuple[dict, str] | None:
+    """Per task: (seconds per layer-step while sharing, mean evaluate seconds) from this study's
+    own finished runs on the GPU, if they were recorded."""
+    candidates = [ROOT / "reports" / "reference" / "h100" / "throughput.json",
+                  H100_RECORDS / f"study_{study.name}_throughput.json"]
+    for path in candidates:
+        if not path.exists():
+            continue
+        record = json.loads(path.read_text())
+        if record.get("study") != study.name:
+            continue
+        per_task: dict[str, dict] = {}
+        for r in record.get("runs", []):
+            if r["task"] not in study.tasks or not r.get("steps") or not r.get("wall_s"):
+                continue
+            layers = _layers(study.cell(r["task"], r["cell"]).model) if r["cell"] in study.tasks[r["task"]].cells \
+                else None
+            if not layers:
+                continue
+            d = per_task.setdefault(r["task"], {"step": [], "eval": []})
+            d["step"].append(r["wall_s"] / r["steps"] / layers)
+            if r.get("evaluate_s"):
+                d["eval"].append(r["evaluate_s"])
+        if per_task:
+            return ({t: (sum(d["step"]) / len(d["step"]),
+                         sum(d["eval"]) / len(d["eval"]) if d["eval"] else None) for t, d in per_task.items()},
+                    _shown(path))
+    return None
+
+
+def _data_seconds() -> float:
+    """Download, filter and BPE of a part's tasks, one after the other (each stage's longest job)."""
+    if DATA_RECORD.exists():
+        stages = json.loads(DATA_RECORD.read_text()).get("stage_seconds", {})
+        if all(s in stages for s in ("download", "filter", "bpe")):
+            return sum(stages[s]["max_s"] for s in ("download", "filter", "bpe"))
+    return 3 * 30.0
+
+
+def _makespan(jobs: list[tuple[float, float]], slots: int) -> float:
+    """Training jobs in order, each followed by its evaluation, on `slots` slots; a slot that frees
+    takes an evaluation that is ready first (as Snakemake, which starts what is ready)."""
+    import heapq
+    from collections import deque
+
+    free = [0.0] * slots
+    ready: list[tuple[float, float]] = []  # (ready at, seconds) of evaluations
+    todo = deque(jobs)
+    end = 0.0
+    while todo or ready:
+        t = heapq.heappop(free)
+        if ready and (ready[0][0] <= t or not todo):
+            at, dur = heapq.heappop(ready)
+            finish = max(t, at) + dur
+        else:
+            train, evaluate = todo.popleft()
+            finish = t + train
+            heapq.heappush(ready, (finish, evaluate))
+        heapq.heappush(free, finish)
+        end = max(end, finish)
+    return end
+
+
+def predict_parts(study: Study, layout=None) -> dict:
+    """{"parts": {name: seconds}, "study_s": seconds, "text": lines for validate, "basis": sources}."""
+    from .parts_layout import load_layout
+
+    layout = layout or load_layout(study)
+    if study.device == "cpu":
+        return {"parts": {}, "study_s": None, "basis": None, "text": "  (a CPU study: no GPU prediction)"}
+    k = layout.jobs_per_gpu
+    own = measured_study(study)
+    alone = measured_step()
+    if own is None and alone is None:
+        return {"parts": {}, "study_s": None, "basis": None,
+                "text": "  (no measured training-step record: bench/bench_real_cell.py makes one)"}
+    share = 1.0 if k == 1 else SHARING_EFFICIENCY
+    parts, flops_rate, gpu_flops = {}, [], None
+    for part in layout.parts:
+        jobs = []
+        for task, cell_name, _seed in part.runs:
+            cell = study.cell(task, cell_name)
+            layers = _layers(cell.model)
+            step_s, eval_s = None, None
+            if own and task in own[0]:
+                step_s, eval_s = own[0][task]
+                step_s *= layers
+            if step_s is None:
+                step_s = alone[0] * layers / share
+            if eval_s is None:
+                eval_s = JOB_START_S + EVAL_WORK_S
+            steps = cell.train.max_steps
+            jobs.append((JOB_START_S + steps * step_s, eval_s))
+            flops_rate.append(job_compute(study, task, cell_name)[1] / steps / step_s)
+        parts[part.name] = PART_START_S + _data_seconds() + _makespan(jobs, k) + PACK_S
+    total = sum(parts.values())
+    peak = None
+    for path in BENCH_FILES:
+        if path.exists():
+            d = json.loads(path.read_text())
+            peak = (d.get("cost") or d).get("peak_flops")
+            break
+    mean_rate = k * sum(flops_rate) / len(flops_rate) if flops_rate else 0.0
+    gpu = layout.gpu or (alone[1].split(",")[0] if alone else "the GPU")
+    if own:
+        basis = f"measured: this study's own runs ({own[1]}), per task, {k} jobs sharing the GPU"
+    else:
+        basis = (f"measured: {alone[0] * 1e3:.2f} ms per layer and step of one eager job alone ({alone[1]}); "
+                 f"assumed: {k} jobs sharing the GPU make {k * share:g}x one job's steps (never measured), "
+                 f"{JOB_START_S:g} s to start each job")
+    lines = [f"  = {total / 60:.1f} min on one {gpu} in {len(parts)} parts, {k} jobs sharing it"
+             + (f" (target {layout.study_limit_s / 60:g} min)" if layout.study_limit_s else "") + ": "
+             + ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in parts.items())
+             + f" (each part stops at {layout.limit_s / 60:g} min)",
+             f"    {basis}"]
+    if peak and mean_rate:
+        lines.append(f"    while {k} jobs share it: ~{mean_rate / 1e12:.0f} TFLOP/s of training, "
+                     f"{100 * mean_rate / peak:.0f} % MFU (measured peak {peak / 1e12:.0f} TFLOP/s)")
+    over = [n for n, sec in parts.items() if sec > layout.limit_s]
+    if over:
+        lines.append(f"    !! predicted past the part limit of {layout.limit_s:g} s: {', '.join(over)}")
+    if layout.study_limit_s and total > layout.study_limit_s:
+        lines.append(f"    !! predicted past the study's target of {layout.study_limit_s:g} s")
+    return {"parts": {n: round(v, 1) for n, v in parts.items()}, "study_s": round(total, 1),
+            "text": "\n".join(lines), "basis": basis}

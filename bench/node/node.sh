@@ -3,6 +3,7 @@
 # `make bundle` on a connected machine (bench/node/bundle.sh). On the node:
 #
 #   tar -xzf bundle.tar.gz
+#   bash bundle/node.sh parts workflow/studies/gpu/params.yaml OUT [PART...]   # a study in parts -> OUT/*.tar.gz
 #   bash bundle/node.sh study workflow/studies/gpu/params.yaml   # a study, download -> report
 #   bash bundle/node.sh bench a                                   # GPU benchmarks, part a|b|c|d|all
 #   bash bundle/node.sh run -- python -m pytest -q tests/test_model_gpu.py   # any command
@@ -18,14 +19,26 @@
 # it, which also times it and gathers its products. Without TeX on the node the study stops before
 # the PDF, which unpack.sh builds from the same products. PYTHON (default python3) is the node's
 # interpreter with torch; CORES (default all) is Snakemake's --cores.
+#
+# `parts` runs a study in the parts of its parts.yaml (pipeline_src/parts.py; all of them in turn,
+# or the ones named), for job slots of a few minutes: each part trains and evaluates its runs with
+# jobs_per_gpu jobs sharing the GPU, stops them at its limit_s (less 20 s to pack), and writes one
+# archive of what finished into OUT (a folder the caller names, created if needed; relative paths
+# are the caller's) under a temporary name, renamed when whole. A part cut short (SIGTERM/SIGINT,
+# as a scheduler sends at the slot's end) stops its jobs and packs what finished; one killed
+# outright leaves no archive, and the archives of the parts before it are untouched. Run the
+# missing parts again later (on the same node a part continues its stopped runs). Back on any
+# machine: python -m pipeline_src parts build OUT --params PARAMS_FILE
 set -uo pipefail
 BUNDLE=$(cd "$(dirname "$0")" && pwd)
 JOB=${1:-}
 case $JOB in
   study) [[ -n ${2:-} ]] || { echo "usage: bash node.sh study PARAMS_FILE" >&2; exit 2; } ;;
+  parts) [[ -n ${2:-} && -n ${3:-} ]] || { echo "usage: bash node.sh parts PARAMS_FILE OUT_DIR [PART...]" >&2; exit 2; }
+         mkdir -p "$3" && OUT_DIR=$(cd "$3" && pwd) || { echo "error: cannot make the folder $3" >&2; exit 2; } ;;
   bench) [[ ${2:-} =~ ^(a|b|c|d|all)$ ]] || { echo "usage: bash node.sh bench a|b|c|d|all" >&2; exit 2; } ;;
   run) [[ ${2:-} == -- && -n ${3:-} ]] || { echo "usage: bash node.sh run -- COMMAND..." >&2; exit 2; } ;;
-  *) echo "usage: bash node.sh study PARAMS_FILE | bench a|b|c|d|all | run -- COMMAND...   (see its header)" >&2
+  *) echo "usage: bash node.sh parts PARAMS_FILE OUT_DIR [PART...] | study PARAMS_FILE | bench a|b|c|d|all | run -- COMMAND...   (see its header)" >&2
      exit 2 ;;
 esac
 PY=${PYTHON:-python3}
@@ -83,6 +96,56 @@ print("packages:", ", ".join(found))
 PY
 
 cd "$BUNDLE/repo"
+if [[ $JOB == parts ]]; then
+  params=$2
+  shift 3
+  eval "$(python -m pipeline_src parts layout --params "$params")" || exit 1  # jobs_per_gpu limit_s device parts
+  study=$(python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['study'])" "$params")
+  (( $# )) && parts="$*"
+  if [[ $device == cuda && ${REQUIRE_CUDA:-1} == 1 ]]; then
+    python -c "import sys, torch; torch.cuda.is_available() or sys.exit('error: this study needs a CUDA device and torch sees none')" || exit 1
+  fi
+  export PIPELINE_JOBS_PER_GPU=$jobs_per_gpu  # the GPU's job slots (pipeline_src/gpu_slots.py)
+  # K processes share the node's cores: small CPU thread pools each (their work is on the GPU)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} MKL_NUM_THREADS=${MKL_NUM_THREADS:-2}
+  python -m pipeline_src parts plan --params "$params" || exit 1
+  stop=0 pid=""
+  trap 'stop=1; [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null' TERM INT
+  overall=0
+  for part in $parts; do
+    ((stop)) && break
+    started=$(date -u +%FT%TZ) t0=$(date +%s)
+    mkdir -p "logs/$study"
+    log=logs/$study/node_$part.log util=logs/$study/gpu_util_$part.csv
+    : >"$log"; rm -f "$util"
+    echo "== part $part ($started): stops its jobs after $((limit_s - 20)) s, packs into $OUT_DIR" | tee -a "$log"
+    smi=""
+    if command -v nvidia-smi >/dev/null; then
+      nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 >"$util" 2>/dev/null &
+      smi=$!
+    fi
+    mapfile -t targets < <(python -m pipeline_src parts targets --params "$params" --part "$part")
+    left=$(( limit_s - 20 - ($(date +%s) - t0) ))
+    (( left < 10 )) && left=10
+    # --keep-going: one failed run must not stop the others; the part's archive lists what is missing
+    timeout -s TERM -k 20 "$left" snakemake --cores "${CORES:-$(nproc)}" --resources gpu="$jobs_per_gpu" --keep-going \
+      --config params="$params" -- "${targets[@]}" > >(tee -a "$log") 2>&1 &
+    pid=$!
+    wait "$pid"; status=$?
+    while kill -0 "$pid" 2>/dev/null; do wait "$pid"; status=$?; done  # a trapped signal interrupts wait
+    pid=""
+    [[ -n $smi ]] && kill "$smi" 2>/dev/null
+    (( status == 124 )) && echo "part $part: stopped at its limit ($((limit_s - 20)) s); packing what finished" | tee -a "$log"
+    ((stop)) && echo "part $part: stopped by a signal; packing what finished" | tee -a "$log"
+    python -m pipeline_src parts pack --params "$params" --part "$part" --out "$OUT_DIR" --started "$started" \
+      --status "$status" --log "$log" --gpu-util "$util" || overall=1
+    (( status == 0 )) || overall=1
+  done
+  ((stop)) && exit 143
+  echo "archives in $OUT_DIR: $(cd "$OUT_DIR" && ls -- *.tar.gz 2>/dev/null | tr '\n' ' ')"
+  echo "bring them back and run: python -m pipeline_src parts build ARCHIVES_DIR --params $params"
+  exit "$overall"
+fi
 name=$JOB
 [[ $JOB == study ]] && name=study-$(python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['study'])" "$2")
 [[ $JOB == bench ]] && name=bench-$2

@@ -13,6 +13,8 @@
 #   results-bench-<part>  -> bench/results/<RESULTS_NAME, default node>/ (each benchmark's .md/.json
 #                            and the console log), with the lines of benchmarks that failed shown
 #   results-run           -> shown (its node.log), nothing is placed
+# The archives of `node.sh parts` are not for this script: `python -m pipeline_src parts build`
+# builds the report from them (it says so if given one).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -d .venv/bin ]] && export PATH="$PWD/.venv/bin:$PATH"
@@ -70,7 +72,13 @@ for tarball in "$@"; do
       cat "$src/node.log"
       ;;
     *)
-      echo "error: $tarball is not a results tarball of bench/node/node.sh"; rm -rf "$tmp"; exit 1
+      if [[ -f $src/part.json ]]; then  # node.sh parts: the report is built from all the parts together
+        echo "error: $tarball is a part of a study (bash node.sh parts); build the report from all of its parts:"
+        echo "  python -m pipeline_src parts build $(dirname "$tarball") --params $(python -c "import json, sys; print(json.load(open(sys.argv[1]))['params_file'])" "$src/part.json")"
+      else
+        echo "error: $tarball is not a results tarball of bench/node/node.sh"
+      fi
+      rm -rf "$tmp"; exit 1
       ;;
   esac
   rm -rf "$tmp"
