@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# The reference GPU study in one command, from the repository root of a checkout with CUDA torch:
+# The reference GPU study in one command, from the repository root of a checkout with CUDA torch,
+# on a machine without a job time limit (in short job slots, or on a node without network, run it
+# in parts instead: `bash bundle/node.sh parts workflow/studies/gpu/params.yaml ARCHIVES`, README
+# "On a GPU node without internet"):
 #
 #   bash workflow/studies/gpu/run.sh            # from scratch: download -> PDF, timed
 #   bash workflow/studies/gpu/run.sh --resume   # keep data/gpu (what is done stays done; not a timing)
@@ -18,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 PARAMS=${STUDY_PARAMS:-workflow/studies/gpu/params.yaml}
 OUT=${REFERENCE_OUT:-reports/reference/h100}
-K=${GPU_JOBS:-8}
+K=${GPU_JOBS:-8}  # workflow/studies/gpu/parts.yaml: jobs_per_gpu
 CORES=${CORES:-$(nproc)}
 RESUME=0
 [[ "${1:-}" == "--resume" ]] && RESUME=1
