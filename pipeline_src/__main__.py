@@ -91,10 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - anything unforeseen is still one line
         if os.environ.get("PIPELINE_TRACEBACK") == "1":
             raise
-        from .common import is_out_of_memory
+        from .common import is_out_of_memory, write_error
 
         if is_out_of_memory(e):
             print(f"error: {_out_of_memory(args, study, e)}", file=sys.stderr)
+            return 1
+        # a write outside the atomic helpers that its file system refused (the error names the file)
+        if isinstance(getattr(e, "filename", None), str) and (line := write_error(e.filename, e)) is not None:
+            print(f"error: {line}", file=sys.stderr)
             return 1
         import traceback
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import StageError, atomic_dir, atomic_write_json, atomic_write_text, progress, provenance
+from .common import (StageError, atomic_dir, atomic_write_bytes, atomic_write_json, atomic_write_text, progress,
+                     provenance, save_array)
 from .config import ConfigError
 from .data import SPLITS, log, num_proc_for, quiet_datasets, read_parquet
 from .data.tokens import BOS, EOS, PAD, SPECIAL_PIECES, UNK, sides_for
@@ -189,7 +190,7 @@ def run(study, task: str, fv: str = "default", tv: str | None = None) -> None:
              "mb_per_s": round(train_stats["mb_per_s"], 3), "tokens": {}, "sequences": {}, "dropped": []}
     limits = {"src": cfg.max_src_tokens, "tgt": cfg.max_tgt_tokens, "text": cfg.max_src_tokens}
     with atomic_dir(out) as tmp:
-        (tmp / "spm.model").write_bytes(model)
+        atomic_write_bytes(tmp / "spm.model", model)
         atomic_write_text(tmp / "spm.vocab", vocab_text(sp))
         model_file = str(tmp / "spm.model")
         for split in progress(splits, desc=f"bpe {task} encode", unit="split"):
@@ -212,11 +213,11 @@ def run(study, task: str, fv: str = "default", tv: str | None = None) -> None:
             if not keep.all():
                 arrays = {side: _select(*arrays[side], keep) for side in sides}
             index = np.flatnonzero(keep).astype(np.int64)
-            np.save(tmp / f"{split}.index.npy", index)
+            save_array(tmp / f"{split}.index.npy", index)
             stats["tokens"][split] = {}
             for side, (ids, offsets) in arrays.items():
-                np.save(tmp / f"{split}.{side}.ids.npy", ids.astype(np.int32, copy=False))
-                np.save(tmp / f"{split}.{side}.offsets.npy", offsets.astype(np.int64, copy=False))
+                save_array(tmp / f"{split}.{side}.ids.npy", ids.astype(np.int32, copy=False))
+                save_array(tmp / f"{split}.{side}.offsets.npy", offsets.astype(np.int64, copy=False))
                 stats["tokens"][split][side] = int(len(ids))
             stats["sequences"][split] = int(len(index))
         stats["provenance"] = provenance(study, stage="bpe", task=task)

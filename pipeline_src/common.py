@@ -27,15 +27,147 @@ class ConfigError(ValueError):
 # Faults of the machine, said in the user's words: which file, what is wrong, how to get back.
 
 
-def no_space_error(path: str | Path, needed_bytes: int | None = None) -> StageError:
-    """Disk full while writing `path` (the write was abandoned: nothing is marked complete)."""
-    where = Path(path).resolve().parent
-    while not where.exists() and where != where.parent:
-        where = where.parent
-    free = shutil.disk_usage(where).free
-    needed = f", about {human_size(needed_bytes)} needed" if needed_bytes else ""
-    return StageError(f"no space left on the device writing {_shown(path)}: {human_size(free)} free there{needed}; "
-                      f"free some space and run the same command (nothing was marked complete)")
+_FULL = (errno.ENOSPC, errno.EDQUOT)  # a quota that is used up is a full disk to the user
+_WRITE_FAULTS = _FULL + (errno.EROFS,)
+
+
+def no_space_error(path: str | Path, needed_bytes: int | None = None, *, temporary: str | Path | None = None,
+                   replacing: bool = False, written: tuple[Path, int] | None = None) -> StageError:
+    """Disk full while writing `path` (the write was abandoned: nothing is marked complete).
+    `temporary`: the temporary file `path` is written through could not even be created;
+    `replacing`: the new file was written beside an old `path`, which stays until it is complete;
+    `written`: (directory, bytes) of a directory built in place before the disk filled."""
+    where = _existing_dir(path)
+    st = os.statvfs(where)
+    free, mount = human_size(st.f_bavail * st.f_frsize), _mount_point(where)
+    if st.f_files and not st.f_favail:  # bytes left but no inode: only deleting files helps
+        room, fix = f"no file entries (inodes) left on the file system at {mount} ({free} free)", \
+            "delete some files there"
+    else:
+        room, fix = f"{free} free on the file system at {mount}", "free some space there"
+    if temporary is not None:
+        return StageError(f"no space left on the device to create {_shown(temporary)}, the temporary file "
+                          f"{_shown(path)} is written through: {room}; {fix} and run the same command "
+                          f"(nothing was marked complete)")
+    needed, before = "", ""
+    if needed_bytes:
+        needed = f", about {human_size(needed_bytes)} needed"
+        old = Path(path)
+        if replacing and old.is_file():
+            needed += f" (the old {old.name}, {human_size(old.stat().st_size)}, is kept until the new one is complete)"
+    shown = _shown(path)
+    if written and written[1]:
+        whole = Path(written[0]) == Path(path)
+        shown += "/" if whole else ""
+        before = (f" ({human_size(written[1])}{'' if whole else ' of ' + _shown(written[0]) + '/'} written before "
+                  f"the disk filled, removed again)")
+    return StageError(f"no space left on the device writing {shown}{before}: {room}{needed}; {fix} and run the same "
+                      f"command (nothing was marked complete)")
+
+
+def read_only_error(path: str | Path) -> StageError:
+    mount = _mount_point(_existing_dir(path))
+    return StageError(f"read-only file system: cannot write {_shown(path)} (the file system at {mount} is mounted "
+                      f"read-only); make it writable (e.g. `mount -o remount,rw {mount}`) and run the same command "
+                      f"(nothing was marked complete)")
+
+
+def write_error(path: str | Path, err: BaseException, needed=None, *, temporary: str | Path | None = None,
+                replacing: bool = False, written: tuple[Path, int] | None = None) -> StageError | None:
+    """The one-line error for a write of `path` that its file system refused (full, out of quota
+    or inodes, read-only), or None when `err` is another failure. `needed` is a size in bytes or
+    a function giving it, called only when the disk is full.
+
+    Some writers lose the errno: torch's checkpoint writer reports a failed write as a
+    RuntimeError ("PytorchStreamWriter failed writing file", "[enforce fail at
+    inline_container.cc] unexpected pos"), with the file object's OSError, if there was one, only
+    as its context; numpy's array writer as an OSError without errno ("5927 requested and 992
+    written"). For those the file system is asked whether it is read-only or short of room."""
+    fault, size = _fault_errno(err), None
+    if fault is None and _is_short_write(err):
+        try:
+            st = os.statvfs(_existing_dir(path))
+        except OSError:
+            return None
+        if st.f_flag & os.ST_RDONLY:
+            fault = errno.EROFS
+        else:
+            size = _size(needed)
+            if st.f_bavail * st.f_frsize < (size or 0) + 65536:  # 64 KiB: room for the records' alignment
+                fault = errno.ENOSPC
+    if fault is None:
+        return None
+    if fault == errno.EROFS:
+        return read_only_error(path)
+    return no_space_error(path, size if size is not None else _size(needed), temporary=temporary,
+                          replacing=replacing, written=written)
+
+
+def _size(needed) -> int | None:
+    try:
+        return needed() if callable(needed) else needed
+    except Exception:  # noqa: BLE001 - the size is a courtesy; the error must still be said
+        return None
+
+
+def _fault_errno(err: BaseException | None) -> int | None:
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _WRITE_FAULTS:
+            return errno.ENOSPC if err.errno in _FULL else err.errno
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _is_short_write(err: BaseException) -> bool:
+    text = str(err)
+    if isinstance(err, OSError):
+        return err.errno is None and " requested and " in text and text.endswith(" written")
+    return isinstance(err, RuntimeError) and any(
+        s in text for s in ("PytorchStreamWriter", "inline_container", "iostream error"))
+
+
+@contextlib.contextmanager
+def writing(path: str | Path, needed=None):
+    """Around the write of one file: a full or read-only file system becomes one line naming it."""
+    try:
+        yield
+    except StageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - writers (torch above all) wrap a failed write in anything
+        line = write_error(path, e, needed)
+        if line is None:
+            raise
+        raise line from e
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, needed=None):
+    """A binary file to write `path` through: `.<name>.tmp` beside it, renamed over `path` when
+    the block ends without an error and removed when it does not, so that a kill or a full disk
+    never leaves a torn file under the real name. A full or read-only file system is one line
+    naming `path` (`needed`: bytes, or a function giving them, for the message)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    created = False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(tmp, "wb")  # a fixed name: a temporary file left by a killed run is reused, not piled up
+        created = True
+        try:
+            with f:
+                yield f
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)  # before the free space is measured for the message
+    except StageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - see writing()
+        line = write_error(path, e, needed, temporary=None if created else tmp, replacing=True)
+        if line is None:
+            raise
+        raise line from e
 
 
 def unreadable_error(path: str | Path, err: BaseException) -> StageError:
@@ -69,10 +201,31 @@ def is_out_of_memory(err: BaseException) -> bool:
 
 
 def _shown(path: str | Path) -> str:
+    """A path as the user knows it: relative, and under the final name of a directory that
+    atomic_dir is still building under a temporary one."""
+    path = Path(path)
+    for tmp, final in _BUILDING.items():
+        if path.absolute().is_relative_to(tmp):
+            path = final / path.absolute().relative_to(tmp)
+            break
     try:
         return os.path.relpath(path)
     except ValueError:
         return str(path)
+
+
+def _existing_dir(path: str | Path) -> Path:
+    where = Path(path).absolute().parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return where
+
+
+def _mount_point(path: str | Path) -> str:
+    where = os.path.realpath(path)
+    while not os.path.ismount(where):
+        where = os.path.dirname(where)
+    return where
 
 
 def human_size(n: float) -> str:
@@ -84,27 +237,10 @@ def human_size(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def _tmp_sibling(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; outputs should read like any other file
-    return Path(tmp)
-
-
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write via a temporary file + rename, so a crash never leaves a half-written file."""
-    path = Path(path)
-    tmp = _tmp_sibling(path)
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        if e.errno == errno.ENOSPC:
-            raise no_space_error(path, len(data)) from e
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(path, len(data)) as f:
+        f.write(data)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -125,21 +261,63 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+_BUILDING: dict[Path, Path] = {}  # atomic_dir's temporary directories -> their final names
+
+
 @contextlib.contextmanager
 def atomic_dir(path: str | Path):
-    """Build a directory under a temporary name and move it into place only on success."""
+    """Build a directory under a temporary name and move it into place only on success. A full
+    or read-only file system while it is built is one line naming the file (or the directory)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as e:
+        line = write_error(path, e, temporary=path.parent / f".{path.name}.tmp")
+        if line is None:
+            raise
+        raise line from e
     os.chmod(tmp, 0o755)
+    _BUILDING[tmp.absolute()] = path.absolute()
     try:
         yield tmp
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
+    except StageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any writer of the directory's files (numpy, pandas, matplotlib...)
+        name = getattr(_os_error_of(e), "filename", None)
+        inside = isinstance(name, str) and Path(name).absolute().is_relative_to(tmp.absolute())
+        target = path / Path(name).absolute().relative_to(tmp.absolute()) if inside else path
+        written = _tree_size(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        line = write_error(target, e, written=(path, written))
+        if line is None:
+            raise
+        raise line from e
     finally:
+        _BUILDING.pop(tmp.absolute(), None)
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _os_error_of(err: BaseException | None) -> OSError | None:
+    while err is not None and not isinstance(err, OSError):
+        err = err.__cause__ or err.__context__
+    return err
+
+
+def _tree_size(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def save_array(path: str | Path, array) -> None:
+    """np.save through atomic_file: a full disk names the array's file and its size."""
+    import numpy as np
+
+    with atomic_file(path, array.nbytes + 128) as f:  # 128: the .npy header
+        np.save(f, array)
 
 
 _PACKAGES = ("torch", "numpy", "sentencepiece", "sacrebleu", "rouge-score", "datasets", "pandas", "matplotlib",

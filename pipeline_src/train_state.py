@@ -9,8 +9,6 @@ run reads, the state format and the optimiser's implementation.
 """
 from __future__ import annotations
 
-import errno
-import os
 import random
 import shutil
 from pathlib import Path
@@ -18,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import no_space_error, reading
+from .common import atomic_file, reading
 
 STATE_FORMAT = 2  # 2: optimiser per device (pipeline_src/optim.py), no scheduler state
 
@@ -51,18 +49,10 @@ def set_rng_state(state: dict) -> None:
 
 
 def save(path: Path, obj) -> None:
-    """torch.save through a temporary file + rename: a kill never leaves a torn checkpoint. The
-    file is opened here, not by torch, so that a full disk is an OSError we can name."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        if e.errno == errno.ENOSPC:
-            raise no_space_error(path, tensor_bytes(obj)) from e
-        raise
+    """torch.save through a temporary file + rename: a kill never leaves a torn checkpoint, and a
+    full or read-only disk is one line naming the file (common.atomic_file), however torch words it."""
+    with atomic_file(path, lambda: serialized_size(obj)) as f:
+        torch.save(obj, f)
 
 
 def load(path: Path):
@@ -72,15 +62,23 @@ def load(path: Path):
         return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def tensor_bytes(obj) -> int:
-    """The bytes of every tensor in a (nested) checkpoint: about its size on disk."""
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v) for v in obj)
-    return 0
+def serialized_size(obj) -> int:
+    """The bytes torch.save writes for `obj` (counted, not stored: asked only when a save failed)."""
+    counter = _Counter()
+    torch.save(obj, counter)
+    return counter.n
+
+
+class _Counter:
+    n = 0
+
+    def write(self, data) -> int:
+        size = memoryview(data).nbytes
+        self.n += size
+        return size
+
+    def flush(self) -> None:
+        pass
 
 
 def weights(model) -> dict:

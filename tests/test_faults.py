@@ -47,7 +47,8 @@ def test_disk_full_while_saving_the_training_state(faults_dir):
     (scratch / ".state.pt.tmp").symlink_to("/dev/full")  # the state's temporary file: writes fail with ENOSPC
     line = _one_error_line(_stage(d, "train", *JOB))
     assert "no space left on the device writing data/tiny/scratch/reorder/baseline/seed0/state.pt" in line
-    assert "free there, about" in line and "needed" in line and "run the same command" in line
+    assert " free on the file system at /" in line and ", about " in line and " needed; " in line
+    assert line.endswith("run the same command (nothing was marked complete)")
     assert not metrics.exists() and not (scratch / "state.pt").exists()
     assert not (scratch / ".state.pt.tmp").exists()  # the abandoned temporary file is gone, not left half-written
     assert _stage(d, "train", *JOB).returncode == 0
@@ -58,10 +59,11 @@ def test_no_space_names_the_file_the_free_space_and_the_size(tmp_path):
     target = tmp_path / "best.pt"
     (tmp_path / ".best.pt.tmp").symlink_to("/dev/full")
     import torch
+    obj = {"w": torch.zeros(1000, 250)}
     with pytest.raises(StageError) as err:
-        train_state.save(target, {"w": torch.zeros(1000, 250)})
+        train_state.save(target, obj)
     assert "no space left on the device writing" in str(err.value) and "best.pt" in str(err.value)
-    assert f"about {human_size(1000 * 250 * 4)} needed" in str(err.value) and not target.exists()
+    assert f"about {human_size(train_state.serialized_size(obj))} needed" in str(err.value) and not target.exists()
 
 
 def test_a_truncated_checkpoint_names_the_file_and_how_to_restore_it(faults_dir):
