@@ -19,6 +19,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from .common import writing
+
 _held = []  # the open flock handle; referenced so that the lock lives as long as the process
 
 
@@ -31,8 +33,10 @@ def claim_run(study: str, workdir: str | os.PathLike = ".") -> list[Path]:
     """Take the study's run flock; if no live run holds it, delete the study's stale Snakemake
     lock files and return them. Returns [] when another live run holds the flock."""
     snakedir = Path(workdir) / ".snakemake"
-    snakedir.mkdir(exist_ok=True)
-    handle = open(snakedir / f"pipeline-{study}.run", "a+")
+    run_file = snakedir / f"pipeline-{study}.run"
+    with writing(run_file):  # a full or read-only disk: one line (a StageError), before any job starts
+        snakedir.mkdir(exist_ok=True)
+        handle = open(run_file, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(workflow.basedir)))
 
+from pipeline_src.common import StageError
 from pipeline_src.config import ConfigError, load_study
 from pipeline_src.run_lock import claim_run
 from pipeline_src import slurm_guard
@@ -22,7 +23,11 @@ JOB = JobIndex(STUDY)
 # The run that Snakemake itself starts (not the per-job processes a cluster executor starts)
 # holds the study's run lock; locks left by a run that died are removed (pipeline_src/run_lock.py).
 if workflow.is_main_process:
-    for _stale in claim_run(STUDY.name):
+    try:
+        _stale_locks = claim_run(STUDY.name)
+    except StageError as err:  # .snakemake/ on a full or read-only disk
+        raise SystemExit(f"error: {err}")
+    for _stale in _stale_locks:
         print(f"pipeline: removed stale lock {_stale} of a dead run of study '{STUDY.name}'", file=sys.stderr)
 REPORT_PDF = OUTPUTS["report"]["pdf"].format(study=STUDY.name)
 
