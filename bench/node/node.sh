@@ -22,7 +22,8 @@
 #
 # `parts` runs a study in the parts of its parts.yaml (pipeline_src/parts.py; all of them in turn,
 # or the ones named), for job slots of a few minutes: each part trains and evaluates its runs with
-# jobs_per_gpu jobs sharing the GPU, stops them at its limit_s (less 20 s to pack), and writes one
+# jobs_per_gpu jobs sharing the GPU, stops them at its limit_s less 30 s (15 s for them to save
+# their state, then they are killed; ~10 s to pack), and writes one
 # archive of what finished into OUT (a folder the caller names, created if needed; relative paths
 # are the caller's) under a temporary name, renamed when whole. A part cut short (SIGTERM/SIGINT,
 # as a scheduler sends at the slot's end) stops its jobs and packs what finished; one killed
@@ -99,7 +100,8 @@ cd "$BUNDLE/repo"
 if [[ $JOB == parts ]]; then
   params=$2
   shift 3
-  eval "$(python -m pipeline_src parts layout --params "$params")" || exit 1  # jobs_per_gpu limit_s device parts
+  layout=$(python -m pipeline_src parts layout --params "$params") || exit 1
+  eval "$layout"  # jobs_per_gpu limit_s device parts
   study=$(python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['study'])" "$params")
   (( $# )) && parts="$*"
   if [[ $device == cuda && ${REQUIRE_CUDA:-1} == 1 ]]; then
@@ -118,24 +120,24 @@ if [[ $JOB == parts ]]; then
     mkdir -p "logs/$study"
     log=logs/$study/node_$part.log util=logs/$study/gpu_util_$part.csv
     : >"$log"; rm -f "$util"
-    echo "== part $part ($started): stops its jobs after $((limit_s - 20)) s, packs into $OUT_DIR" | tee -a "$log"
+    echo "== part $part ($started): stops its jobs after $((limit_s - 30)) s, packs into $OUT_DIR" | tee -a "$log"
     smi=""
     if command -v nvidia-smi >/dev/null; then
       nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 >"$util" 2>/dev/null &
       smi=$!
     fi
     mapfile -t targets < <(python -m pipeline_src parts targets --params "$params" --part "$part")
-    left=$(( limit_s - 20 - ($(date +%s) - t0) ))
+    left=$(( limit_s - 30 - ($(date +%s) - t0) ))
     (( left < 10 )) && left=10
     # --keep-going: one failed run must not stop the others; the part's archive lists what is missing
-    timeout -s TERM -k 20 "$left" snakemake --cores "${CORES:-$(nproc)}" --resources gpu="$jobs_per_gpu" --keep-going \
+    timeout -s TERM -k 15 "$left" snakemake --cores "${CORES:-$(nproc)}" --resources gpu="$jobs_per_gpu" --keep-going \
       --config params="$params" -- "${targets[@]}" > >(tee -a "$log") 2>&1 &
     pid=$!
     wait "$pid"; status=$?
     while kill -0 "$pid" 2>/dev/null; do wait "$pid"; status=$?; done  # a trapped signal interrupts wait
     pid=""
     [[ -n $smi ]] && kill "$smi" 2>/dev/null
-    (( status == 124 )) && echo "part $part: stopped at its limit ($((limit_s - 20)) s); packing what finished" | tee -a "$log"
+    (( status == 124 )) && echo "part $part: stopped at its limit ($((limit_s - 30)) s); packing what finished" | tee -a "$log"
     ((stop)) && echo "part $part: stopped by a signal; packing what finished" | tee -a "$log"
     python -m pipeline_src parts pack --params "$params" --part "$part" --out "$OUT_DIR" --started "$started" \
       --status "$status" --log "$log" --gpu-util "$util" || overall=1
