@@ -1,0 +1,105 @@
+"""A study in parts (pipeline_src/parts.py, parts_layout.py, estimate.predict_parts): the layout and
+its one-line errors, the GPU study's predicted minutes, the attention sample's rounding, and the
+params file of a partial report. The whole path, node to report, is in tests/test_node.py."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline_src import parts
+from pipeline_src.common import ConfigError
+from pipeline_src.config import load_study
+from pipeline_src.estimate import predict_parts
+from pipeline_src.parts_layout import load_layout
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU = ROOT / "workflow" / "studies" / "gpu" / "params.yaml"
+
+
+def test_the_gpu_study_is_predicted_to_fit_its_slot_from_measured_records():
+    study = load_study(GPU)
+    layout = load_layout(study)
+    assert [p.name for p in layout.parts] == ["multi30k", "ptb"] and layout.jobs_per_gpu == 8
+    assert sum(len(p.runs) for p in layout.parts) == len(parts.study_runs(study)) == 57
+    assert len(study.seeds) >= 3
+    predicted = predict_parts(study, layout)
+    assert predicted["study_s"] <= layout.study_limit_s == 480
+    assert all(sec <= layout.limit_s - 30 for sec in predicted["parts"].values()), predicted["parts"]
+    # where the numbers come from, and what is not measured, is said
+    assert "bench/results/h100/real_cell_multi30k_cost.json" in predicted["basis"]
+    assert "never measured" in predicted["basis"]
+    assert "min on one NVIDIA H100 80GB HBM3 in 2 parts" in predicted["text"]
+
+
+def _study(tmp_path, layout: str | None, name="lay"):
+    params = yaml.safe_load((ROOT / "tests/fixtures/params/valid_tiny.yaml").read_text())
+    params["study"] = name
+    params["seeds"] = [0, 1]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    if layout is not None:
+        (tmp_path / "parts.yaml").write_text(layout)
+    return load_study(tmp_path / "params.yaml")
+
+
+def test_without_a_parts_file_each_task_is_a_part(tmp_path):
+    layout = load_layout(_study(tmp_path, None))
+    assert [(p.name, len(p.runs)) for p in layout.parts] == [("reorder", 4)] and layout.path is None
+    # a parts file for another study is not this study's
+    layout = load_layout(_study(tmp_path, "study: other\nparts: [{name: x, tasks: [reorder], seeds: [0]}]\n"))
+    assert [p.name for p in layout.parts] == ["reorder"]
+
+
+def test_parts_split_by_seed_and_cell(tmp_path):
+    layout = load_layout(_study(tmp_path, "study: lay\nparts:\n  - {name: first, seeds: [0]}\n"
+                                          "  - {name: pe, cells: [pe_none]}\n  - {name: rest}\n"))
+    assert [[r[1:] for r in p.runs] for p in layout.parts] == [
+        [("baseline", 0), ("pe_none", 0)], [("pe_none", 1)], [("baseline", 1)]]
+    assert parts.archive_name(load_study(tmp_path / "params.yaml"), layout, "pe") == "lay-2-pe.tar.gz"
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("study: lay\nparts:\n  - {name: a, seeds: [0]}\n", "parts: 2 runs are in no part (reorder/baseline/seed1"),
+    ("study: lay\nparts:\n  - {name: a, tasks: [nope]}\n", "parts[0].tasks: 'nope' is not an enabled task"),
+    ("study: lay\nparts:\n  - {name: a}\n  - {name: b}\n", "parts[1] (b): no run left for it"),
+    ("study: lay\nparts:\n" + "".join(f"  - {{name: p{i}}}\n" for i in range(9)), "9 parts; at most 8"),
+    ("study: lay\nlimits: 3\nparts:\n  - {name: a}\n", "unknown key 'limits'"),
+    ("study: lay\nlimit_s: -1\nparts:\n  - {name: a}\n", "limit_s: a positive number is needed"),
+    ("study: lay\nparts:\n  - {name: A b}\n", "parts[0].name: a name of a-z"),
+])
+def test_a_wrong_parts_file_is_one_line_naming_the_key(tmp_path, layout, message):
+    with pytest.raises(ConfigError) as err:
+        load_layout(_study(tmp_path, layout))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_attention_samples_weights_round_trip_within_their_precision():
+    import torch
+
+    torch.manual_seed(0)
+    state = {"w": torch.randn(64, 32), "b": torch.randn(64), "steps": torch.tensor(3)}
+    for precision, tolerance in (("fp32", 0.0), ("fp16", 1e-3), ("int8", 1 / 127)):
+        back = parts._decode_weights(parts._encode_weights(state, precision))
+        assert back["w"].dtype == torch.float32 and back["steps"].item() == 3
+        scale = state["w"].abs().amax(dim=1, keepdim=True)
+        assert ((back["w"] - state["w"]).abs() <= tolerance * scale + 1e-7).all(), precision
+
+
+def test_a_partial_reports_params_keep_what_came_back(tmp_path, monkeypatch):
+    """PTB did not come back, and one seed of a Multi30k cell: the derived study keeps Multi30k
+    without that cell, and only the claims and references that need nothing missing."""
+    monkeypatch.chdir(tmp_path)
+    study = load_study(GPU)
+    missing = [r for r in parts.study_runs(study) if r[0] == "ptb"] + [("multi30k_en_de", "heads_16", 2)]
+    rows = [{"task": t, "cell": c, "seed": s, "reason": "x"} for t, c, s in missing]
+    path, kept, dropped = parts._partial_params(study, missing, rows)
+    derived = load_study(path)
+    assert list(derived.tasks) == ["multi30k_en_de"] and "heads_16" not in derived.tasks["multi30k_en_de"].cells
+    assert len(derived.tasks["multi30k_en_de"].cells) == 7 and derived.seeds == study.seeds
+    claims = set(derived.raw["claims"])
+    assert "heads_vaswani" not in claims and "heads_seed003" not in claims and "pe_none_hurts" not in claims
+    assert {"pe_learned_same", "label_smoothing", "smaller_d_model", "decoder_only_small_data"} <= claims
+    assert all(r["task"] == "multi30k_en_de" and r.get("cell") != "heads_16" for r in derived.raw["references"])
+    assert "(PARTIAL: 23 of 57 runs)" in derived.report["title"]
+    assert derived.raw["description"].startswith("PARTIAL REPORT: 34 of the study's 57 runs did not come back")
+    assert "multi30k_en_de/heads_16 seed 2" in derived.raw["description"]
+    assert kept == "multi30k_en_de (7 of 8 cells)" and dropped.startswith("task ptb, claims ")
