@@ -306,6 +306,8 @@ def pack(study: Study, part_name: str, out_dir: str, started: str | None = None,
         record["predicted_s"] = None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(f".{stem}.*"):  # what a packing killed earlier left behind
+        shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     with tempfile.TemporaryDirectory(prefix=f".{stem}.", dir=out) as tmp:
         stage_dir = Path(tmp) / stem
         (stage_dir / "files").mkdir(parents=True)
@@ -344,11 +346,16 @@ def _runs_text(runs: list[dict]) -> str:
 # --- build (anywhere) ----------------------------------------------------------------------------------
 
 
-def _archives(paths: list[str]) -> list[Path]:
+def _archives(study: Study, paths: list[str]) -> list[Path]:
+    """The archives named, and in a folder those of this study's parts (<study>-<n>-<part>.tar.gz)."""
     out = []
     for p in map(Path, paths):
         if p.is_dir():
-            out += sorted(q for q in p.glob("*.tar.gz") if not q.name.startswith("."))
+            mine = sorted(p.glob(f"{study.name}-[0-9]*-*.tar.gz"))
+            other = sorted(q.name for q in p.glob("*.tar.gz") if q not in mine and not q.name.startswith("."))
+            if other:
+                print(f"note: {p}: not parts of study {study.name}, left alone: {', '.join(other)}")
+            out += mine
         elif p.is_file():
             out.append(p)
         else:
@@ -422,9 +429,10 @@ def _why_missing(layout: Layout, records: list[dict], missing: list[Run]) -> tup
 
 def build(study: Study, inputs: list[str], reference: str | None = None) -> int:
     layout = load_layout(study)
-    paths = _archives(inputs)
+    paths = _archives(study, inputs)
     if not paths:
-        raise StageError(f"no archives (*.tar.gz) in {' '.join(inputs)}")
+        raise StageError(f"no archive of study {study.name}'s parts ({study.name}-<n>-<part>.tar.gz) in "
+                         f"{' '.join(inputs)}")
     records = _unpack(study, paths)
     s, n = study.name, len(study_runs(study))
     missing = [r for r in study_runs(study) if not run_complete(study, r)]
