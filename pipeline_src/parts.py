@@ -622,6 +622,8 @@ def _reference(study: Study, layout: Layout, records: list[dict], out: str, miss
                       f"python -m pipeline_src parts build ARCHIVES_DIR --params {study.path} --reference {out}\n")
     if missing:
         shutil.copy2(f"reports/{s}/missing_runs.txt", out_dir / "missing_runs.txt")
+    else:
+        (out_dir / "missing_runs.txt").unlink(missing_ok=True)  # an earlier, partial build's
 
 
 # --- plan and targets --------------------------------------------------------------------------------
