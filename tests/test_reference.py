@@ -1,7 +1,6 @@
 """The check of a committed run (`check-reference`): passes on the same bytes, names every figure
 that moved and by how much, and fails beyond the tolerance (a changed seed or learning rate)."""
 import json
-import shutil
 import subprocess
 import sys
 
@@ -86,3 +85,7 @@ def test_tolerances_on_the_same_and_on_another_machine_type(tmp_path):
     assert passed and "other machine type" in lines[0]
     passed, _ = reference.compare(ref, other, spread={"bleu": 0.2})
     assert not passed
+    # the tolerance printed is the one applied (3 x 0.0243 = 0.0729, not the stated 0.01)
+    loss = _run_dir(tmp_path, "loss", bleu=33.0, loss=2.05, cpu="CPU B")
+    passed, lines = reference.compare(ref, loss, spread={"best_val_loss": 0.0243, "test_ppl": 0.2})
+    assert passed and any("best_val_loss: 2 -> 2.05" in line and "seed std = +-0.0729" in line for line in lines)
