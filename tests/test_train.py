@@ -139,12 +139,15 @@ def test_ddp_two_gloo_processes_match_one_process(workdir):
         a, b = single[k].clone(), double[k].clone()
         # The key projection's bias has an exactly-zero true gradient (softmax ignores a constant
         # shift of a query's scores), so Adam's m/sqrt(v) blows its rounding noise up to lr-sized
-        # steps that differ with the reduction order. Everything else must agree.
+        # steps that differ with the reduction order.
         if k.endswith("qkv_proj.bias"):
             a[d:2 * d] = b[d:2 * d] = 0
         if k.endswith("kv_proj.bias") and not k.endswith("qkv_proj.bias"):
             a[:d] = b[:d] = 0
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4), k
+        # Everything else agrees to rounding, grown by 60 steps of Adam: on an AMD EPYC the
+        # reduction order moves weights by up to 8e-4 (of ~0.4), on an Intel Xeon by < 1e-4. A
+        # wrong shard or a wrong gradient sum moves them by ~1e-2.
+        assert torch.allclose(a, b, atol=2e-3, rtol=0), (k, float((a - b).abs().max()))
     assert json.loads(metrics.read_text())["best_val_loss"] == pytest.approx(single_loss, rel=1e-4)
 
 
