@@ -32,9 +32,11 @@ def _parser() -> argparse.ArgumentParser:
     stage("filter", "apply a task's length/ratio/dedup/sampling filters (one filter variant)", "task", "fv")
     stage("bpe", "train a task's SentencePiece tokenizer (one data variant) and encode its splits",
           "task", "fv", "tv")
+    stage("tune", "choose a cell's peak lr on validation from its train.lr_grid (short trial runs)", "task", "cell")
     stage("train", "train one task x cell x seed", "task", "cell", "seed")
     stage("evaluate", "evaluate one trained task x cell x seed", "task", "cell", "seed")
     stage("promote", "rank a screening's stage-one families and record which stage two runs", "screen")
+    stage("plan", "adaptive seeds: judge the claims on the first round and give unsettled comparisons more seeds")
     stage("aggregate", "collect every run into results/summary/significance tables")
     stage("figures", "draw the report's figures")
     stage("tables", "write the report's LaTeX tables")
@@ -130,6 +132,9 @@ def _run(args, study) -> int | None:
     if stage == "bpe":
         from .bpe import run
         return run(study, args.task, args.fv, args.tv)
+    if stage == "tune":
+        from .tune import run
+        return run(study, args.task, args.cell)
     if stage == "train":
         from .train import run
         return run(study, args.task, args.cell, args.seed)
@@ -139,6 +144,9 @@ def _run(args, study) -> int | None:
     if stage == "promote":
         from .screening import run_promote
         return run_promote(study, args.screen)
+    if stage == "plan":
+        from .report.plan import run
+        return run(study)
     if stage == "aggregate":
         from .report.aggregate import run
         return run(study)

@@ -20,16 +20,20 @@ from typing import Any
 
 from .common import ConfigError
 
-# Metrics with per-example test outputs: the evidence resamples (seed, test example) pairs and
-# the p-value comes from the paired bootstrap of the aggregate stage.
+# Every claim metric is one number per training run (results.csv), compared run against run
+# (report/stats.py). Evaluation metrics of each task kind:
 EXAMPLE_METRICS = {
     "translation": ("bleu", "test_ppl"),
     "summarization": ("rouge1", "rouge2", "rougeLsum", "test_ppl"),
     "lm": ("test_ppl_word", "test_ppl"),
 }
-# Metrics measured once per run (results.csv columns): the evidence resamples seeds only.
+# ... and the training outcome and cost of a run. s_per_mtok: wall seconds per million target
+# tokens, the speed of cells whose budgets or batches differ.
 RUN_METRICS = ("val_ppl", "best_val_loss", "final_val_loss", "final_train_loss", "tokens_per_s", "wall_s",
-               "steps", "mfu", "peak_mem_mb")
+               "s_per_mtok", "steps", "mfu", "peak_mem_mb")
+# Metrics that are rates, comparable between runs of different lengths; any other metric is
+# compared only between cells that saw the same number of target tokens.
+BUDGET_FREE_METRICS = ("tokens_per_s", "s_per_mtok", "mfu", "peak_mem_mb")
 # Metrics a reference may quote: any evaluation metric of the task kind.
 REFERENCE_METRICS = {
     "translation": ("bleu", "chrf", "test_ppl", "val_ppl", "test_loss", "val_loss"),
@@ -49,9 +53,13 @@ class Comparison:
     margin: float | None = None       # for equal: |difference| allowed, in metric units ...
     margin_pct: float | None = None   # ... or in percent of versus's value
 
-    @property
-    def per_example(self) -> bool:
-        return self.metric not in RUN_METRICS
+
+@dataclass(frozen=True)
+class Regime:
+    """Where a claim is about (e.g. "overfitting regime: >= 20 epochs"); runs outside it do not test it."""
+    description: str
+    min_epochs: float | None = None
+    min_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,9 @@ class Claim:
     statement: str
     source: str
     comparisons: tuple[Comparison, ...]
+    caveat: str = ""
+    regime: Regime | None = None
+    failure_is_effect: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,7 @@ class Reference:
     setting: str
     matches_setting: bool
     versus: str | None = None   # value is cell minus versus (a published difference)
+    versus_value: float | None = None  # the published value of versus (for a relative difference)
     approximate: bool = False
     note: str = ""
 
@@ -114,7 +126,13 @@ def parse_claims(raw: dict, tasks: dict, where: str) -> tuple[Claim, ...]:
                 raise ConfigError(f"{where}: {key}: margin/margin_pct only apply to expect: equal")
             comparisons.append(Comparison(task=task, cell=comp["cell"], versus=versus, metric=metric,
                                           expect=comp["expect"], margin=margin, margin_pct=margin_pct))
-        out.append(Claim(name=name, statement=c["statement"], source=c["source"], comparisons=tuple(comparisons)))
+        regime = Regime(**c["regime"]) if c.get("regime") else None
+        if regime is not None and regime.min_epochs is None and regime.min_steps is None:
+            raise ConfigError(f"{where}: claims.{name}.regime: give min_epochs or min_steps (what the study's runs "
+                              "must reach to be in the regime)")
+        out.append(Claim(name=name, statement=c["statement"], source=c["source"], comparisons=tuple(comparisons),
+                         caveat=c.get("caveat", ""), regime=regime,
+                         failure_is_effect=bool(c.get("failure_is_effect", False))))
     return tuple(out)
 
 
@@ -131,7 +149,10 @@ def parse_references(raw: dict, tasks: dict, where: str) -> tuple[Reference, ...
         cell = r.get("cell", tasks[task].baseline_cell)
         if r.get("versus") == cell:
             raise ConfigError(f"{where}: {key}.versus: compares cell {cell!r} with itself")
+        if r.get("versus_value") is not None and r.get("versus") is None:
+            raise ConfigError(f"{where}: {key}.versus_value: only applies to a published difference (give versus)")
         fields: dict[str, Any] = {k: r[k] for k in ("metric", "citation", "setting", "matches_setting")}
         out.append(Reference(task=task, cell=cell, value=float(r["value"]), versus=r.get("versus"),
+                             versus_value=None if r.get("versus_value") is None else float(r["versus_value"]),
                              approximate=bool(r.get("approximate", False)), note=r.get("note", ""), **fields))
     return tuple(out)

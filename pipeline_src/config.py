@@ -45,6 +45,14 @@ class TrainConfig:
     max_steps: int = 100_000
     max_epochs: int | None = None
     time_budget_s: float | None = None
+    # A budget in target (loss-bearing) tokens: a decoder-only translation cell, whose batches
+    # hold the source too, sees as many target tokens as the encoder-decoder it is compared with.
+    max_target_tokens: int | None = None
+    data_order: int = 0  # k > 0: another batch order than the seed's, same initialisation
+    # The peak lr chosen on validation from this grid by short trial runs (tune stage) before
+    # the cell's runs; `lr` is then ignored. lr_tune_steps: the trials' length (max_steps if null).
+    lr_grid: tuple[float, ...] | None = None
+    lr_tune_steps: int | None = None
     batch_tokens: int = 4096
     grad_accum: int = 1
     lr: float = 7e-4  # peak learning rate (reached at the end of warm-up)
@@ -221,6 +229,14 @@ class Study:
     # Where each cell is written in the params file: `cells.<name>`, or `sweeps.<sweep>` for a cell
     # a sweep generates (its DVC params key and its Snakemake rerun trigger).
     cell_keys: dict[str, str] = field(default_factory=dict)
+    # The seeds every cell runs; `seeds` are all the seeds a cell may run. They differ only with
+    # adaptive seeds (params `seeds: {min, max}`), where the plan stage gives the cells of
+    # unsettled claim comparisons the seeds beyond first_seeds (seed_plan.py).
+    first_seeds: tuple[int, ...] = ()
+
+    @property
+    def adaptive_seeds(self) -> bool:
+        return len(self.seeds) > len(self.first_seeds)
 
     def cell_key(self, cell: str) -> str:
         return self.cell_keys.get(cell, f"cells.{cell}")
@@ -378,7 +394,11 @@ def _schema_errors(raw: dict, where: str, part: str = "") -> None:
     if not errors:
         return
     err = errors[0]
-    # For "oneOf/anyOf"-free schemas the deepest useful message is the error itself.
+    # Under oneOf/anyOf (e.g. seeds: a list or {min, max}), the alternative the value was
+    # meant as names the key: the deepest error that is not just "wrong type".
+    while err.validator in ("oneOf", "anyOf") and err.context:
+        meant = [e for e in err.context if e.validator != "type"] or list(err.context)
+        err = max(meant, key=lambda e: len(list(e.absolute_path)))
     path = list(err.absolute_path)
     if err.validator == "additionalProperties":
         patterns = [re.compile(p) for p in err.schema.get("patternProperties", {})]
@@ -432,8 +452,9 @@ def _resolve_cell(study: Study, task_name: str, cell_name: str) -> CellConfig:
     if train.get("cuda_graphs") and not (train.get("compile") and (train.get("length_buckets") or task.kind == "lm")):
         raise ConfigError(f"{study.path}: {where}: train.cuda_graphs: needs train.compile: true"
                           f"{'' if task.kind == 'lm' else ' and train.length_buckets > 0'} (one graph per static batch shape)")
-    if "betas" in train:
-        train["betas"] = tuple(train["betas"])
+    for key in ("betas", "lr_grid"):
+        if train.get(key) is not None:
+            train[key] = tuple(train[key])
     ev = _merge(task.eval, cell.get("eval", {}))
     fv, tv, _, _ = _data_variant(study, task_name, cell_name)
     return CellConfig(
@@ -537,6 +558,18 @@ def _expand_names(names, sweeps: dict[str, list[str]]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(c for n in names for c in sweeps.get(n, [n])))
 
 
+def _seeds(spec, where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(every seed a cell may run, the seeds every cell runs) of `seeds:`."""
+    if isinstance(spec, list):
+        return tuple(spec), tuple(spec)
+    if spec["min"] < 3:
+        raise ConfigError(f"{where}: seeds.min: {spec['min']} runs per cell cannot settle anything; the seed-level "
+                          "test needs >= 3 (report/stats.py MIN_RUNS)")
+    if spec["max"] < spec["min"]:
+        raise ConfigError(f"{where}: seeds.max: {spec['max']} is below seeds.min {spec['min']}")
+    return tuple(range(spec["max"])), tuple(range(spec["min"]))
+
+
 def load_study(path: str | Path) -> Study:
     """Read, validate and freeze a params file. Raises ConfigError (one line) on any problem."""
     path = Path(path)
@@ -604,9 +637,10 @@ def load_study(path: str | Path) -> Study:
     if sample_task is not None and sample_task not in tasks:
         raise ConfigError(f"{where}: report.attention_sample_task: {sample_task!r} is not an enabled task")
     screens, screen_tasks = _screening(raw, tasks, cells, where, by_sweep)
+    seeds, first_seeds = _seeds(raw["seeds"], where)
     study = Study(
         path=where, name=raw["study"], raw=raw, mirror=raw.get("mirror"), device=raw.get("device", "auto"),
-        seeds=tuple(raw["seeds"]), datasets=datasets, tasks=tasks, cells=cells, report=raw.get("report", {}),
+        seeds=seeds, first_seeds=first_seeds, datasets=datasets, tasks=tasks, cells=cells, report=raw.get("report", {}),
         screens=screens, screen_tasks=screen_tasks, cell_keys=cell_keys)
     for name, task in study.all_tasks.items():
         for c in task.cells:  # resolve every cell now, so a bad combination fails before any stage runs

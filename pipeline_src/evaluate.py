@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import batching, metrics, screening
+from . import batching, metrics, screening, seed_plan
 from .common import StageError, atomic_dir, atomic_write_json, progress, provenance, seed_everything
 from .config import Study
 from .data.tokens import EOS, PAD, load_spm
@@ -144,6 +144,8 @@ def decode_all(model, data: batching.Seq2SeqData, ev, device, precision: str, de
 def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     screening.require_own_run(study, "evaluate", task, cell_name)
     if screening.write_not_promoted_eval(study, task, cell_name, seed):  # its training was not promoted
+        return
+    if seed_plan.write_not_needed_eval(study, task, cell_name, seed):  # an adaptive seed the plan did not ask for
         return
     cell = study.cell(task, cell_name)
     wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)

@@ -24,8 +24,8 @@ import json
 import math
 from pathlib import Path
 
-from .common import StageError, atomic_dir, atomic_write_json, atomic_write_text
-from .stages import output_path, promotion_path
+from .common import StageError, atomic_write_json
+from .stages import output_path, promotion_path, write_records
 
 NOT_PROMOTED = "NOT_PROMOTED.json"
 
@@ -123,25 +123,10 @@ def _record(study, task, cell, seed) -> dict:
                       f"({promotion_path(study, study.task(task).screen)})"}
 
 
-def _write_records(stage: str, rec: dict, **wc) -> None:
-    """Every declared output of a `stage` job, holding the 'not promoted' record: directories get
-    a NOT_PROMOTED.json, the training log a header only, JSON files the record."""
-    from .stages import DIRECTORIES, OUTPUTS
-
-    for name in OUTPUTS[stage]:
-        path = Path(output_path(stage, name, **wc))
-        if name in DIRECTORIES:
-            with atomic_dir(path) as tmp:
-                (tmp / NOT_PROMOTED).write_text(json.dumps(rec, indent=1) + "\n")
-        elif path.suffix == ".tsv":
-            atomic_write_text(path, "step\ttrain_loss\tval_loss\n")
-        else:
-            atomic_write_json(path, rec)
-
-
 def write_not_promoted_train(study, task: str, cell: str, seed: int) -> None:
     """The training job's declared outputs, holding a 'not promoted' record instead of a model."""
-    _write_records("train", _record(study, task, cell, seed), study=study.name, task=task, cell=cell, seed=seed)
+    write_records("train", _record(study, task, cell, seed), NOT_PROMOTED, study=study.name, task=task, cell=cell,
+                  seed=seed)
     print(f"[train] {task}/{cell}/seed{seed}: not promoted, nothing trained", flush=True)
 
 
@@ -151,7 +136,7 @@ def write_not_promoted_eval(study, task: str, cell: str, seed: int) -> bool:
     marker = Path(output_path("train", "ckpt", **wc)) / NOT_PROMOTED
     if not marker.is_file():
         return False
-    _write_records("evaluate", json.loads(marker.read_text()), **wc)
+    write_records("evaluate", json.loads(marker.read_text()), NOT_PROMOTED, **wc)
     print(f"[evaluate] {task}/{cell}/seed{seed}: not promoted, nothing evaluated", flush=True)
     return True
 

@@ -7,6 +7,7 @@ checks that Snakemake's and DVC's views of the DAG agree job for job.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -19,21 +20,26 @@ from .config import Study, lookup
 # Directories are expanded to their files, because Snakemake looks at a directory's own mtime
 # (which an edited file does not change) while DVC hashes its content.
 _MODEL = "pipeline_src/model/*.py"
+_TRAINING = ["pipeline_src/train.py", "pipeline_src/train_state.py", "pipeline_src/train_outputs.py",
+             "pipeline_src/live_log.py", "pipeline_src/preemption.py", "pipeline_src/batching.py",
+             "pipeline_src/step_meter.py", "pipeline_src/compiling.py", "pipeline_src/optim.py",
+             "pipeline_src/precision.py", "pipeline_src/screening.py", _MODEL]
 CODE_PATTERNS = {
     "download": ["pipeline_src/data/__init__.py", "pipeline_src/data/download.py", "pipeline_src/data/demo.py"],
     "filter": ["pipeline_src/data/__init__.py", "pipeline_src/data/filter.py"],
     "bpe": ["pipeline_src/data/__init__.py", "pipeline_src/data/tokens.py", "pipeline_src/bpe.py"],
-    "train": ["pipeline_src/train.py", "pipeline_src/train_state.py", "pipeline_src/train_outputs.py",
-              "pipeline_src/live_log.py", "pipeline_src/preemption.py", "pipeline_src/batching.py",
-              "pipeline_src/step_meter.py", "pipeline_src/compiling.py", "pipeline_src/optim.py",
-              "pipeline_src/precision.py", "pipeline_src/screening.py", _MODEL],
+    "tune": ["pipeline_src/tune.py", *_TRAINING],
+    "train": [*_TRAINING],
     "evaluate": ["pipeline_src/evaluate.py", "pipeline_src/metrics.py", "pipeline_src/batching.py",
                  "pipeline_src/precision.py", _MODEL],
     "promote": ["pipeline_src/screening.py", "pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
-    "aggregate": ["pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
+    "plan": ["pipeline_src/report/plan.py", "pipeline_src/report/aggregate.py", "pipeline_src/report/claims.py",
+             "pipeline_src/report/stats.py"],
+    "aggregate": ["pipeline_src/report/aggregate.py", "pipeline_src/report/stats.py", "pipeline_src/metrics.py"],
     "figures": ["pipeline_src/report/figures.py"],
     "tables": ["pipeline_src/report/tables.py"],
-    "claims": ["pipeline_src/report/claims.py", "pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
+    "claims": ["pipeline_src/report/claims.py", "pipeline_src/report/stats.py", "pipeline_src/report/aggregate.py",
+               "pipeline_src/metrics.py"],
     "report": ["pipeline_src/report/build.py", "pipeline_src/report/claims.py", "pipeline_src/report/templates/*"],
 }
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +53,7 @@ def _expand(pattern: str) -> list[str]:
 
 CODE = {stage: [f for pat in pats for f in _expand(pat)] for stage, pats in CODE_PATTERNS.items()}
 STAGE_ORDER = list(CODE)
-GPU_STAGES = {"train", "evaluate"}
+GPU_STAGES = {"tune", "train", "evaluate"}
 
 
 # Output paths, as templates over the job's wildcards. Snakemake rules use these templates
@@ -58,6 +64,8 @@ OUTPUTS: dict[str, dict[str, str]] = {
     # `bpe` get their own filtered set / tokenizer; cells with equal settings share them.
     "filter": {"filtered": "data/{study}/filtered/{task}/{fv}"},
     "bpe": {"bpe": "data/{study}/bpe/{task}/{fv}/{tv}"},
+    # A cell's peak lr chosen on validation before its runs (cells with train.lr_grid; tune.py).
+    "tune": {"tune": "data/{study}/tune/{task}/{cell}"},
     "train": {
         "ckpt": "data/{study}/runs/{task}/{cell}/seed{seed}/ckpt",
         "metrics": "data/{study}/runs/{task}/{cell}/seed{seed}/train_metrics.json",
@@ -71,6 +79,8 @@ OUTPUTS: dict[str, dict[str, str]] = {
         "info": "data/{study}/eval/{task}/{cell}/seed{seed}/eval_info.json",
     },
     "promote": {"promotion": "data/{study}/screening/{screen}/promotion.json"},
+    # Adaptive seeds: which cells run the seeds beyond the first round (seed_plan.py).
+    "plan": {"plan": "data/{study}/plan/seeds.json"},
     "aggregate": {
         "results": "reports/{study}/results.csv",
         "summary": "reports/{study}/summary.csv",
@@ -85,7 +95,7 @@ OUTPUTS: dict[str, dict[str, str]] = {
     "claims": {"claims": "reports/{study}/claims.csv", "references": "reports/{study}/references.csv"},
     "report": {"pdf": "reports/{study}/report.pdf", "tex": "reports/{study}/report.tex"},
 }
-DIRECTORIES = {"raw", "filtered", "bpe", "ckpt", "outputs", "figures", "tables", "headline", "plots"}
+DIRECTORIES = {"raw", "filtered", "bpe", "tune", "ckpt", "outputs", "figures", "tables", "headline", "plots"}
 # What DVC shows as metrics and plots: the study-level views only (one small file per task x cell;
 # plots defined at the top level of dvc.yaml by pipeline_src/dvc_yaml.py). Per-run metrics files
 # stay plain outputs: declared as metrics they made `dvc metrics show` a table of ~80 rows.
@@ -102,6 +112,37 @@ def output_path(stage: str, name: str, **wildcards) -> str:
 
 def promotion_path(study: Study, screen: str) -> str:
     return output_path("promote", "promotion", study=study.name, screen=screen)
+
+
+def seed_plan_path(study: Study) -> str:
+    return output_path("plan", "plan", study=study.name)
+
+
+def tune_path(study: Study, task: str, cell: str) -> str:
+    return output_path("tune", "tune", study=study.name, task=task, cell=cell)
+
+
+def tune_record(study: Study, task: str, cell: str) -> Path:
+    """The tune stage's record of a cell: its lr grid, every trial and the lr chosen (tune.py)."""
+    return Path(tune_path(study, task, cell)) / "tune.json"
+
+
+def write_records(stage: str, rec: dict, marker: str, **wildcards) -> None:
+    """Every declared output of a `stage` job that does not run (a screening family not promoted,
+    an adaptive seed not needed), holding the record of why: directories get the `marker` file,
+    the training log a header only, JSON files the record. The DAG stays static; the record says
+    why there is nothing in it."""
+    from .common import atomic_dir, atomic_write_json, atomic_write_text
+
+    for name in OUTPUTS[stage]:
+        path = Path(output_path(stage, name, **wildcards))
+        if name in DIRECTORIES:
+            with atomic_dir(path) as tmp:
+                (tmp / marker).write_text(json.dumps(rec, indent=1) + "\n")
+        elif path.suffix == ".tsv":
+            atomic_write_text(path, "step\ttrain_loss\tval_loss\n")
+        else:
+            atomic_write_json(path, rec)
 
 
 def data_paths(study: Study, task: str, cell: str | None = None) -> tuple[str, str]:
@@ -174,14 +215,14 @@ def _group(task, cell: str | None = None) -> str:
 
 def build_jobs(study: Study) -> list[Job]:
     """All jobs of a study, grouped by stage: data, runs, screening promotions, the report."""
-    jobs = data_jobs(study)
+    jobs = data_jobs(study) + tune_jobs(study)
     train_jobs, eval_jobs = run_jobs(study)
     promote_jobs = [_job(study, "promote", screen.name, {"screen": screen.name},
                          [j.out(n) for j in eval_jobs if j.wildcards["task"] == screen.stage_tasks[0]
                           for n in ("outputs", "metrics")],
                          _existing(study, f"screening.{screen.name}"), {"screen": screen.name})
                     for screen in study.screens.values()]
-    jobs += train_jobs + eval_jobs + promote_jobs
+    jobs += train_jobs + eval_jobs + promote_jobs + plan_jobs(study, train_jobs, eval_jobs)
     return jobs + report_jobs(study, jobs, train_jobs, eval_jobs, promote_jobs)
 
 
@@ -209,6 +250,40 @@ def data_jobs(study: Study) -> list[Job]:
     return jobs
 
 
+def _tuned(study: Study, task: str, cell: str) -> bool:
+    return bool(study.cell(task, cell).train.lr_grid)
+
+
+def _train_params(study: Study, task, cell: str) -> list[str]:
+    return (_task_keys(study, task, "model") + _task_keys(study, task, "train")
+            + _existing(study, study.cell_key(cell)))
+
+
+def tune_jobs(study: Study) -> list[Job]:
+    """One per task x cell with train.lr_grid: trial runs on validation that choose its lr."""
+    jobs = []
+    for task in study.all_tasks.values():
+        for cell in study.own_cells(task.name):
+            if _tuned(study, task.name, cell):
+                fv, tv = study.data_variant(task.name, cell)
+                wc = {"task": task.name, "cell": cell, "fv": fv, "tv": tv}
+                jobs.append(_job(study, "tune", f"{task.name}-{cell}", wc, [data_paths(study, task.name, cell)[1]],
+                                 _train_params(study, task, cell), {"task": task.name, "cell": cell},
+                                 group=_group(task)))
+    return jobs
+
+
+def plan_jobs(study: Study, train_jobs: list[Job], eval_jobs: list[Job]) -> list[Job]:
+    """Adaptive seeds: the plan job reads the first round's runs of the study's own tasks."""
+    if not study.adaptive_seeds:
+        return []
+    first = [j for j in train_jobs + eval_jobs
+             if j.wildcards["task"] in study.tasks and j.wildcards["seed"] in study.first_seeds]
+    deps = [j.out(n) for j in first for n in (("metrics", "info", "cost") if j.stage == "train" else ("metrics", "info"))]
+    return [_job(study, "plan", study.name, {}, deps, _existing(study, "seeds", "claims", "tasks", "cells", "sweeps"),
+                 {})]
+
+
 def run_jobs(study: Study) -> tuple[list[Job], list[Job]]:
     """(train jobs, evaluate jobs): one of each per task x cell x seed. Stage two of a screening
     has only the cells the screened task's grid does not train."""
@@ -217,17 +292,19 @@ def run_jobs(study: Study) -> tuple[list[Job], list[Job]]:
         for cell in study.own_cells(task.name):
             fv, tv = study.data_variant(task.name, cell)
             bpe = data_paths(study, task.name, cell)[1]
+            tuned = [tune_path(study, task.name, cell)] if _tuned(study, task.name, cell) else []
             for seed in study.seeds:
                 wc = {"task": task.name, "cell": cell, "seed": seed, "fv": fv, "tv": tv}
                 key = f"{task.name}-{cell}-s{seed}"
                 args = {"task": task.name, "cell": cell, "seed": seed}
-                train_params = (_task_keys(study, task, "model") + _task_keys(study, task, "train")
-                                + _existing(study, study.cell_key(cell)))
                 # Stage two of a screening: a cell trains only if stage one promoted its family
                 # (the promote job's record; otherwise the job writes a "not promoted" record).
+                # Adaptive seeds beyond the first round: only if the seed plan gives them to the cell.
                 gate = [promotion_path(study, task.screen)] if _group(task, cell).endswith("-gated") else []
-                train_jobs.append(_job(study, "train", key, wc, [bpe] + gate, train_params, args,
-                                       group=_group(task, cell)))
+                extra = [seed_plan_path(study)] if seed not in study.first_seeds else []
+                group = "-".join(filter(None, (_group(task, cell), "tuned" if tuned else "", "extra" if extra else "")))
+                train_jobs.append(_job(study, "train", key, wc, [bpe] + tuned + gate + extra,
+                                       _train_params(study, task, cell), args, group=group))
                 ckpt = output_path("train", "ckpt", study=study.name, **wc)
                 eval_params = _task_keys(study, task, "eval") + _existing(study, study.cell_key(cell))
                 eval_jobs.append(_job(study, "evaluate", key, wc, [bpe, ckpt], eval_params, args,
@@ -247,7 +324,8 @@ def report_jobs(study: Study, jobs: list[Job], train_jobs: list[Job], eval_jobs:
     run_files = [j.out(n) for j in train_jobs for n in ("metrics", "info", "cost")]
     eval_files = [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")]
     logs = [j.out("log") for j in train_jobs]
-    agg = _job(study, "aggregate", s, wc, filtered_all + run_files + eval_files + logs,
+    plan = [seed_plan_path(study)] if study.adaptive_seeds else []
+    agg = _job(study, "aggregate", s, wc, filtered_all + run_files + eval_files + logs + plan,
                _existing(study, "tasks", "cells", "sweeps", "seeds"), {})
     # The attention heat map reads one checkpoint: the first cell and seed of the chosen task.
     attention_task = study.report.get("attention_sample_task") or next(iter(study.tasks))

@@ -14,14 +14,17 @@ ends with the same weights and metrics as one that was never interrupted (bit fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import math
 import os
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from . import batching, preemption, screening, train_state
+from . import batching, preemption, screening, seed_plan, train_state
 from .common import StageError, progress, reading, seed_everything
 from .compiling import compile_for_training, eager, token_loss
 from .config import CellConfig, Study
@@ -31,7 +34,7 @@ from .live_log import LiveLog
 from .model import ModelConfig, Transformer, count_parameters, flops_per_token
 from .optim import adamw
 from .precision import autocast
-from .stages import SCRATCH, data_paths, output_path
+from .stages import SCRATCH, data_paths, output_path, tune_record
 from .step_meter import StepMeter
 from .train_outputs import memory_mb, write_outputs
 
@@ -40,6 +43,8 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     screening.require_own_run(study, "train", task, cell_name)
     if not screening.promoted(study, task, cell_name):  # stage two of a screening, family not promoted
         return screening.write_not_promoted_train(study, task, cell_name, seed)
+    if not seed_plan.needed(study, task, cell_name, seed):  # an adaptive seed the plan did not give this cell
+        return seed_plan.write_not_needed_train(study, task, cell_name, seed)
     trainer = Trainer(study, task, cell_name, seed)
     trainer.train()
     if trainer.rank == 0:  # rank 0 writes every output
@@ -51,14 +56,21 @@ class Trainer:
     """One training run: its set-up (`__init__`), the loop (`train`), and the state it carries
     from step to step (`self.state`: plain values, saved with the weights by `save_state`)."""
 
-    def __init__(self, study: Study, task: str, cell_name: str, seed: int):
+    def __init__(self, study: Study, task: str, cell_name: str, seed: int, cell: CellConfig | None = None,
+                 out_dir: Path | None = None):
+        """cell and out_dir: a trial run of the tune stage (its own settings and directory)."""
         self.study, self.task, self.cell_name, self.seed = study, task, cell_name, seed
-        self.cell = cell = study.cell(task, cell_name)
+        self.cell = cell = cell or tuned(study, task, cell_name)
         self.t = t = cell.train
-        self.name = f"{task}/{cell_name}/seed{seed}"
+        self.name = f"{task}/{cell_name}/seed{seed}" + (f" (trial, lr {t.lr:g})" if out_dir else "")
         wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
-        self.out = {name: Path(output_path("train", name, **wc)) for name in ("ckpt", "metrics", "info", "log", "cost")}
-        self.scratch = Path(SCRATCH.format(**wc))
+        names = ("ckpt", "metrics", "info", "log", "cost")
+        if out_dir is None:
+            self.out = {name: Path(output_path("train", name, **wc)) for name in names}
+            self.scratch = Path(SCRATCH.format(**wc))
+        else:
+            self.out = {name: out_dir / Path(output_path("train", name, **wc)).name for name in names}
+            self.scratch = out_dir / "scratch"
         bpe_dir = Path(data_paths(study, task, cell_name)[1])  # the cell's data variant
 
         seed_everything(seed)
@@ -66,7 +78,7 @@ class Trainer:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         self.vocab_size = load_spm(bpe_dir).get_piece_size()
-        self.data = TaskData(cell, bpe_dir, seed)
+        self.data = TaskData(cell, bpe_dir, data_seed(seed, t.data_order))
         self.model_cfg = model_config(cell, self.vocab_size)
         self.model = Transformer(self.model_cfg).to(device)
         self.rank, self.world = distributed_setup(device)
@@ -126,7 +138,8 @@ class Trainer:
                 self.train_step(stream)
                 step = state["step"]
                 bar.update(1)
-                evaluate_now = step % t.eval_every == 0 or step == t.max_steps
+                last = step == t.max_steps or self._tokens_spent()
+                evaluate_now = step % t.eval_every == 0 or last
                 if not (step % t.log_every == 0 or step == 1 or evaluate_now):
                     continue  # the loss stays on the device: no host sync on this step
                 row = self.log_row()
@@ -158,6 +171,8 @@ class Trainer:
             state["epoch"], state["batch_in_epoch"], batch = next(stream)
             micro.append(batch)
         total_tokens = sum(target_tokens(b) for b in micro)  # over the global batch, on the host copies
+        # (every rank counts the global batch, so that all ranks stop at the same step)
+        state["global_target_tokens"] = state.get("global_target_tokens", 0) + total_tokens
         parts = [shard(b, self.rank, self.world) for b in micro]
         step_tokens, loss_sum = sum(target_tokens(p) for p in parts), torch.zeros((), device=device)
         self.meter.start_step(parts)
@@ -217,8 +232,14 @@ class Trainer:
             stream = batching.Prefetcher(stream, depth=4, pin=self.device.type == "cuda")
         return stream
 
+    def _tokens_spent(self) -> bool:
+        budget = self.t.max_target_tokens
+        return budget is not None and self.state.get("global_target_tokens", 0) >= budget
+
     def _budget_spent(self) -> str | None:
         t = self.t
+        if self._tokens_spent():
+            return "max_target_tokens"
         if t.max_epochs is not None and self.state["epoch"] >= t.max_epochs:
             return "max_epochs"
         if t.time_budget_s is not None and time.perf_counter() - self.started > t.time_budget_s:
@@ -231,7 +252,8 @@ class Trainer:
         steps, tokens_per_s = self.meter.read()
         bad = next((s_ for s_, loss_, _, _ in steps if not math.isfinite(loss_)), None)
         if bad is not None:
-            raise StageError(
+            raise NonFiniteLoss(
+                bad,
                 f"{self.name}: non-finite training loss at step {bad}; the last good state is kept in "
                 f"{self.scratch / 'state.pt'} (lower lr or enable clipping)")
         return steps, tokens_per_s
@@ -285,6 +307,34 @@ class Trainer:
 
 # ---------------------------------------------------------------------------------------------
 # Model and schedule
+
+
+class NonFiniteLoss(StageError):
+    """The training loss became NaN or infinite (a trial of the tune stage records it as failed)."""
+
+    def __init__(self, step: int, message: str):
+        super().__init__(message)
+        self.step = step
+
+
+def tuned(study: Study, task: str, cell_name: str) -> CellConfig:
+    """The cell's settings, its peak lr taken from the tune stage when it has an lr grid."""
+    cell = study.cell(task, cell_name)
+    if not cell.train.lr_grid:
+        return cell
+    path = tune_record(study, task, cell_name)
+    if not path.is_file():
+        raise StageError(f"{path}: missing; run `python -m pipeline_src tune --params {study.path} --task {task} "
+                         f"--cell {cell_name}` first (the cell's lr is chosen from train.lr_grid)")
+    with reading(path):
+        lr = float(json.loads(path.read_text())["chosen_lr"])
+    return dataclasses.replace(cell, train=dataclasses.replace(cell.train, lr=lr))
+
+
+def data_seed(seed: int, data_order: int) -> int:
+    """The seed of the batch order: the run's own, or for data_order k > 0 one that no plain
+    seed below 2^20 has."""
+    return seed if data_order == 0 else (data_order << 20) + seed
 
 
 def model_config(cell: CellConfig, vocab_size: int) -> ModelConfig:
@@ -378,6 +428,27 @@ class TaskData:
     def val_batches(self):
         for plan in self.epoch_batches(0, seed=None, split="validation"):
             yield self.train_batch(plan, split="validation")
+
+    def _targets(self, split: str) -> np.ndarray:
+        """Every token the loss predicts on a split, once (a target sequence and its EOS)."""
+        if self.cell.kind == "lm":
+            stream = self.train_stream if split == "train" else self.val_stream
+            return stream[1:]
+        data = self.train if split == "train" else self.val
+        return np.concatenate([np.append(t, EOS) for t in data.tgt]) if len(data) else np.zeros(0, np.int64)
+
+    def tokens_per_epoch(self) -> int:
+        return int(len(self._targets("train")))
+
+    def unigram_val_loss(self, vocab_size: int) -> float:
+        """Validation loss (nats per target token) of the unigram distribution of the training
+        targets (add-one smoothed): what a model that learned nothing about context reaches. A
+        run whose validation loss stays near it did not train."""
+        counts = np.bincount(self._targets("train"), minlength=vocab_size).astype(np.float64) + 1.0
+        val = self._targets("validation")
+        if not len(val):
+            return float("nan")
+        return float(-np.log(counts[val] / counts.sum()).mean())
 
 
 @torch.no_grad()

@@ -41,7 +41,10 @@ def write_outputs(run) -> None:
     atomic_write_json(run.out["metrics"], {
         "n_params": run.n_params, "flops_per_token": run.flops_per_token, "steps": state["step"],
         "epochs": state["epoch"], "train_tokens": state["train_tokens"], "best_val_loss": state["best_val"],
-        "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train})
+        "best_step": state["best_step"], "final_val_loss": state["final_val"], "final_train_loss": final_train,
+        # whether the run trained at all (report/aggregate.py) and how much of the data it saw
+        "unigram_val_loss": run.data.unigram_val_loss(run.vocab_size),
+        "epochs_seen": state.get("global_target_tokens", state["train_tokens"]) / max(1, run.data.tokens_per_epoch())})
     shutil.rmtree(run.scratch, ignore_errors=True)
     print(f"trained {run.name}: {state['step']} steps, best val loss {state['best_val']:.4f} "
           f"(step {state['best_step']}), {run.meter.tokens_per_s:.0f} tok/s on {run.device}", flush=True)

@@ -1,24 +1,25 @@
 """Aggregate stage: every task x cell x seed run into three tables.
 
-reports/<study>/results.csv       one row per task x cell x seed: identity, every evaluation
-                                  metric, model size, training outcome and cost.
-reports/<study>/summary.csv       per task x cell: <col>_mean and <col>_std over seeds (sample
-                                  standard deviation, ddof=1; empty with a single seed), n_seeds.
-reports/<study>/significance.csv  every cell against its task's baseline cell
-                                  (tasks.<T>.baseline_cell), paired on the same test examples:
-                                    translation    BLEU: sacrebleu's paired bootstrap on hyps/refs
-                                    summarization  ROUGE-1/2/Lsum: paired bootstrap of per-example F1
-                                    every task     test PPL per token and per word: paired bootstrap
-                                                   of corpus PPL from per-sequence NLL sums; per-token
-                                                   only for cells on the baseline's tokenizer model
-                                                   (report.TOKEN_LEVEL)
-                                  One row per seed (cell seed s against baseline seed s) and one
-                                  "pooled" row per cell and metric, where the resampling unit is a
-                                  (seed, test example) pair: all seeds' outputs are concatenated,
-                                  each still paired with the baseline output of the same seed and
-                                  example. Tables mark significance with the pooled p-value. All
-                                  tests are two-sided (metrics.py documents them); alpha 0.05.
-                                  Cells that leak the future are tested too, flagged leaks_future.
+reports/<study>/results.csv       one row per task x cell x seed run: identity, every evaluation
+                                  metric, model size, training outcome and cost, and whether the
+                                  run failed to train (`failed`, `failure`: see failure()).
+reports/<study>/summary.csv       per task x cell: <col>_mean and <col>_std over runs (sample
+                                  standard deviation, ddof=1; empty with a single run), n_seeds.
+reports/<study>/significance.csv  every cell against its task's baseline cell (tasks.<T>.baseline_cell):
+                                  * one row per cell and metric with seed "runs": the ablation's
+                                    effect over training runs, a paired t-test of the per-seed
+                                    differences of the runs' values (report/stats.py), q_value
+                                    Benjamini-Hochberg-adjusted over every such row of the study;
+                                    the tables mark these (none below stats.MIN_RUNS runs);
+                                  * one row per seed: does run s of the cell differ from run s of
+                                    the baseline *on this test set* (a paired bootstrap over test
+                                    examples: sacrebleu's for BLEU, of per-example F1 for ROUGE, of
+                                    corpus perplexity from per-sequence NLL sums; per-token only for
+                                    cells on the baseline's tokenizer, report.TOKEN_LEVEL). A
+                                    statement about those two trained models, not about the
+                                    ablation: another seed may differ. Uncorrected, labelled so.
+                                  All tests are two-sided; alpha 0.05. Cells that leak the future
+                                  are tested too, flagged leaks_future.
 reports/<study>/metrics/, plots/  what DVC shows: headline metrics per task x cell and the data of
                                   the dvc.yaml plots (report/views.py).
 """
@@ -31,26 +32,52 @@ import pandas as pd
 
 from .. import metrics
 from ..common import StageError, atomic_write_text
-from . import views
+from ..seed_plan import run_seeds
+from . import stats, views
 from . import (ALPHA, BOOTSTRAP_SEED, METRIC_ORDER, TESTED_METRICS, comparable, higher_is_better, read_json,
                report_paths, require, run_paths)
 
-ID_COLUMNS = ["task", "kind", "cell", "family", "label", "seed", "leaks_future"]
-TRAIN_COLUMNS = ["n_params", "flops_per_token", "steps", "train_tokens", "best_val_loss", "best_step",
-                 "final_val_loss", "final_train_loss", "stop_reason"]
-COST_COLUMNS = ["wall_s", "tokens_per_s", "mfu", "peak_mem_mb", "device", "device_name", "precision", "cpu_count"]
+ID_COLUMNS = ["task", "kind", "cell", "family", "label", "seed", "leaks_future", "failed", "failure"]
+TRAIN_COLUMNS = ["n_params", "flops_per_token", "steps", "train_tokens", "epochs_seen", "best_val_loss", "best_step",
+                 "final_val_loss", "final_train_loss", "unigram_val_loss", "stop_reason"]
+COST_COLUMNS = ["wall_s", "s_per_mtok", "tokens_per_s", "mfu", "peak_mem_mb", "device", "device_name", "precision",
+                "cpu_count"]
+# A run "failed to train" when its best validation loss is above this fraction of the loss of the
+# training targets' unigram distribution: it learned (almost) nothing about context.
+FAILED_FRACTION = 0.9
 GROUP_COLUMNS = ["task", "kind", "cell", "family", "label", "leaks_future"]
+RUN_LEVEL = "runs"  # significance.csv: the seed-level row of a cell and metric (its `seed` column)
 REQUIRED_METRICS = {
     "translation": ["test_ppl", "bleu", "chrf"],
     "summarization": ["test_ppl", "rouge1", "rouge2", "rougeLsum"],
     "lm": ["test_ppl"],
 }
 SIGNIFICANCE_COLUMNS = ["task", "kind", "cell", "family", "label", "leaks_future", "baseline", "metric", "seed",
-                        "n_examples", "n_resamples", "base", "cell_score", "delta", "p_value", "p_not_better",
-                        "significant", "higher_is_better", "test"]
+                        "n_runs", "n_examples", "n_resamples", "base", "cell_score", "delta", "ci_lo", "ci_hi",
+                        "p_value", "q_value", "p_not_better", "significant", "higher_is_better", "test", "about"]
 
 
 # --- results.csv ---------------------------------------------------------------------------------
+
+
+def failure(tm: dict, metrics: dict) -> str:
+    """Why a run did not train ('' if it did): a non-finite loss, a best validation loss near the
+    unigram level of its training data, or a run that got there and fell back (diverged)."""
+    def bad(x):
+        return x is None or not np.isfinite(float(x))
+
+    best, final, uni = tm.get("best_val_loss"), tm.get("final_val_loss"), tm.get("unigram_val_loss")
+    losses = {"best validation loss": best, "final validation loss": final, "test loss": metrics.get("test_loss")}
+    nonfinite = [k for k, v in losses.items() if v is not None and bad(v)]
+    if nonfinite:
+        return f"non-finite {nonfinite[0]}"
+    if bad(uni) or bad(best):
+        return ""
+    if best >= FAILED_FRACTION * uni:
+        return f"best val loss {best:.2f} vs {uni:.2f} for the unigram distribution"
+    if not bad(final) and final >= FAILED_FRACTION * uni:
+        return f"diverged: final val loss {final:.2f} (best {best:.2f}, unigram {uni:.2f})"
+    return ""
 
 
 def _run_row(study, task, cell, seed) -> dict:
@@ -88,6 +115,10 @@ def _run_row(study, task, cell, seed) -> dict:
     for key in COST_COLUMNS:
         row[key] = cost.get(key)
     row["git_commit"] = (ti.get("provenance") or {}).get("git_commit")
+    tokens, wall = row.get("train_tokens"), row.get("wall_s")
+    row["s_per_mtok"] = wall / tokens * 1e6 if tokens and wall is not None else np.nan
+    row["failure"] = failure(tm, m)
+    row["failed"] = bool(row["failure"])
     return row
 
 
@@ -105,9 +136,11 @@ def _order_columns(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[ID_COLUMNS + metric_cols + ["n_test"] + TRAIN_COLUMNS + COST_COLUMNS + ["git_commit"]]
 
 
-def collect_results(study) -> pd.DataFrame:
+def collect_results(study, seeds=None) -> pd.DataFrame:
+    """Every run of the study (with adaptive seeds, those the plan gave each cell), or of `seeds` only."""
     rows = [_run_row(study, task, cell, seed)
-            for task in study.tasks.values() for cell in task.cells for seed in study.seeds]
+            for task in study.tasks.values() for cell in task.cells
+            for seed in (seeds if seeds is not None else run_seeds(study, task.name, cell))]
     return _order_columns(pd.DataFrame(rows))
 
 
@@ -124,6 +157,7 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     for _, group in results.groupby(GROUP_COLUMNS, sort=False, dropna=False):
         row = {c: group[c].iloc[0] for c in GROUP_COLUMNS}
         row["n_seeds"] = int(group["seed"].nunique())
+        row["n_failed"] = int(group["failed"].astype(bool).sum()) if "failed" in group else 0
         for c in numeric:
             values = pd.to_numeric(group[c], errors="coerce")
             row[f"{c}_mean"] = values.mean() if values.notna().any() else np.nan
@@ -255,6 +289,21 @@ def _test_one(out: _Outputs, task, kind: str, base: str, cell: str, seeds: list,
             "higher_is_better": higher_is_better(metric), "test": res["test"]}
 
 
+def _runs_test(results: pd.DataFrame, task: str, base: str, cell: str, metric: str) -> dict:
+    """The seed-level test of `cell` against `base`: paired t over the runs they share a seed with."""
+    rows = results[results["task"] == task]
+    b = rows[rows["cell"] == base].set_index("seed")[metric].astype(float)
+    c = rows[rows["cell"] == cell].set_index("seed")[metric].astype(float)
+    seeds = sorted(set(b.index) & set(c.index))
+    t = stats.paired_t((c[seeds] - b[seeds]).to_numpy())
+    enough = len(seeds) >= stats.MIN_RUNS
+    return {"metric": metric, "seed": RUN_LEVEL, "n_runs": len(seeds), "base": float(b[seeds].mean()),
+            "cell_score": float(c[seeds].mean()), "delta": t["mean"], "ci_lo": t["ci_lo"], "ci_hi": t["ci_hi"],
+            "p_value": t["p"] if enough else np.nan, "higher_is_better": higher_is_better(metric),
+            "test": f"paired t over {len(seeds)} runs" + ("" if enough else f" (no test below {stats.MIN_RUNS} runs)"),
+            "about": "the ablation: new training runs of both cells"}
+
+
 def significance(study, results: pd.DataFrame) -> pd.DataFrame:
     out = _Outputs(study)
     # Mean ROUGE per run from eval_metrics.json: lets scores.tsv in 0-1 units be recognised.
@@ -276,10 +325,18 @@ def significance(study, results: pd.DataFrame) -> pd.DataFrame:
             for metric in tested:
                 if not comparable(study, task.name, cell, metric):
                     continue  # per-token numbers of another tokenizer: no valid comparison
-                for seeds, label in [([s], s) for s in study.seeds] + [(list(study.seeds), "pooled")]:
-                    res = _test_one(out, task.name, task.kind, base, cell, seeds, metric, n, task_means)
-                    rows.append({**ident, "seed": label, **res})
-    return pd.DataFrame(rows, columns=SIGNIFICANCE_COLUMNS)
+                paired = sorted(set(run_seeds(study, task.name, cell)) & set(run_seeds(study, task.name, base)))
+                for s in paired:
+                    res = _test_one(out, task.name, task.kind, base, cell, [s], metric, n, task_means)
+                    rows.append({**ident, "seed": s, "n_runs": 1, "about": "these two trained models on this test set",
+                                 **res})
+                rows.append({**ident, **_runs_test(results, task.name, base, cell, metric)})
+    frame = pd.DataFrame(rows, columns=SIGNIFICANCE_COLUMNS)
+    # Benjamini-Hochberg over every seed-level test of the study: the tables' marks.
+    runs = frame["seed"].astype(str) == RUN_LEVEL
+    frame.loc[runs, "q_value"] = stats.benjamini_hochberg(frame.loc[runs, "p_value"].astype(float).to_numpy())
+    frame.loc[runs, "significant"] = frame.loc[runs, "q_value"].astype(float) < ALPHA
+    return frame
 
 
 # --- stage entry ---------------------------------------------------------------------------------
@@ -300,7 +357,10 @@ def run(study) -> None:
     atomic_write_text(paths["summary"], _csv(summary))
     atomic_write_text(paths["significance"], _csv(sig))
     views.write(study, shown, paths["headline"], paths["plots"])
-    n_sig = int(sig.loc[sig["seed"] == "pooled", "significant"].sum()) if len(sig) else 0
-    print(f"[aggregate] {len(results)} runs, {len(summary)} task x cell groups, "
-          f"{n_sig} of {int((sig['seed'] == 'pooled').sum()) if len(sig) else 0} pooled tests significant "
-          f"at p<{ALPHA}: {paths['results'].parent}", flush=True)
+    runs = sig[sig["seed"].astype(str) == RUN_LEVEL] if len(sig) else sig
+    tested = int(runs["p_value"].notna().sum()) if len(runs) else 0
+    n_sig = int((runs["q_value"].astype(float) < ALPHA).sum()) if len(runs) else 0
+    n_failed = int(results["failed"].sum())
+    print(f"[aggregate] {len(results)} runs ({n_failed} failed to train), {len(summary)} task x cell groups, "
+          f"{n_sig} of {tested} seed-level tests against the baseline significant at q<{ALPHA} "
+          f"(Benjamini-Hochberg): {paths['results'].parent}", flush=True)

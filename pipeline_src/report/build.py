@@ -21,7 +21,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..common import StageError, atomic_write_text, git_commit, package_versions
+from ..seed_plan import run_seeds
 from ..stages import build_jobs
+from .aggregate import RUN_LEVEL
 from . import (display_name, fmt_num, higher_is_better, is_missing, latex_escape as esc, latex_tt, metric_digits,
                primary_metric, read_csv, read_json, report_paths, run_paths)
 
@@ -89,17 +91,17 @@ def _findings(study, task, summary: pd.DataFrame, sig: pd.DataFrame) -> str:
     if others.empty:
         return f"Baseline {name} {fmt_num(base, d)}{leak_text}."
 
-    def pval(cell):
+    def qval(cell):
         if sig is None or sig.empty:
             return None
         s = sig[(sig["task"] == task.name) & (sig["cell"] == cell) & (sig["metric"] == metric)
-                & (sig["seed"].astype(str) == "pooled")]
-        return float(s["p_value"].iloc[0]) if len(s) else None
+                & (sig["seed"].astype(str) == RUN_LEVEL)]
+        return float(s["q_value"].iloc[0]) if len(s) and not is_missing(s["q_value"].iloc[0]) else None
 
     def describe(cell):
         v = rows.loc[cell, col]
-        p = pval(cell)
-        ptxt = "" if p is None else (f", $p={p:.3f}$" if p >= 0.001 else ", $p<0.001$")
+        q = qval(cell)
+        ptxt = "" if q is None else (f", $q={q:.3f}$" if q >= 0.001 else ", $q<0.001$")
         return (f"{esc(rows.loc[cell, 'label'])} ({fmt_num(v, d)}, "
                 f"{'$+$' if v - base >= 0 else '$-$'}{fmt_num(abs(v - base), d)}{ptxt})")
 
@@ -132,11 +134,58 @@ def _metrics_text(results: pd.DataFrame, study) -> str:
     parts.append("Perplexity is the exponential of the mean negative log-likelihood per BPE token on the test set"
                  + (" (for language modelling also per word, comparable across vocabularies)" if "lm" in kinds else "")
                  + ".")
-    parts.append("Significance: every cell is compared with its task's baseline by a paired bootstrap over test "
-                 "examples (two-sided; sacrebleu's paired bootstrap for BLEU, resampled per-example scores for ROUGE "
-                 "and resampled per-sequence likelihoods for perplexity), pooling the seeds: each (seed, example) "
-                 "pair is one resampling unit, paired with the baseline run of the same seed.")
+    parts.append("Every cell is compared with its task's baseline over training runs (Section~\\ref{sec:method}).")
     return " ".join(parts)
+
+
+def _seeds_text(study) -> str:
+    if not study.adaptive_seeds:
+        n = len(study.seeds)
+        return f"each cell trained with {n} seed{'s' if n != 1 else ''} ({esc(', '.join(map(str, study.seeds)))})"
+    return (f"each cell trained with seeds 0--{len(study.first_seeds) - 1}, and the cells of claim comparisons "
+            f"that these did not settle with seeds up to {len(study.seeds) - 1} (adaptive seeds, "
+            "Section~\\ref{sec:method})")
+
+
+def _method_text(study, results: pd.DataFrame) -> str:
+    """How the report's verdicts and marks are made, in words (report/stats.py is the code)."""
+    from .stats import MIN_RUNS
+
+    n_failed = int(results["failed"].astype(str).str.lower().isin(["true", "1"]).sum()) if "failed" in results else 0
+    text = [
+        "The unit of evidence is the training run. Two cells are compared run against run: run $s$ of the cell "
+        "against run $s$ of the compared-against cell (same seed: same initialisation and data order, same test "
+        "set), one number per run (its corpus BLEU, test perplexity, ROUGE or wall time), and the per-seed "
+        "differences are tested with a paired $t$-test (\\texttt{scipy.stats}); an interval is the Student-$t$ "
+        "interval of their mean. Every run is scored on the same finite test set, so each difference carries that "
+        "set's noise as well as the run's; the statement is about new training runs on this test set.",
+        f"Below {MIN_RUNS} paired runs there is no test and no verdict (``too few runs''): with two runs the "
+        "$t$-test has one degree of freedom, a 95\\,\\% interval of $\\pm 12.7$ standard errors, and rests on "
+        "the normality of two numbers.",
+        "Claims: Holm's step-down correction over all of the study's claim comparisons controls the chance of "
+        "any wrong verdict at 5\\,\\% whatever the dependence between comparisons (they share baselines); a "
+        "claim of equality within a margin is tested by two one-sided tests (TOST). For an unsettled comparison "
+        "the report gives the runs per cell a paired $t$-test would need for 80\\,\\% power at the observed "
+        "mean and standard deviation of the differences, at Holm's strictest level.",
+        "Table marks: Benjamini--Hochberg over every cell-against-baseline test of the study (a false discovery "
+        "rate of 5\\,\\%: the marks are many and exploratory, and no verdict rests on them).",
+        "The per-sentence paired bootstrap of one run against its baseline run (\\texttt{significance.csv}, rows "
+        "per seed) says whether those two trained models differ on this test set; another seed may differ, so no "
+        "verdict or mark uses it.",
+        "A run failed to train when its best validation loss is above 90\\,\\% of the validation loss of the "
+        "unigram distribution of its training targets (it learned almost nothing about context), when a loss is "
+        "not finite, or when it got there and fell back (diverged); such runs are marked in every table and "
+        "figure, and no verdict rests on them unless the claim predicts the failure"
+        + (f" ({n_failed} run{'s' if n_failed != 1 else ''} of this study)." if n_failed else "."),
+    ]
+    if study.adaptive_seeds:
+        text.append(
+            f"Adaptive seeds: every cell ran {len(study.first_seeds)} seeds; the plan stage then judged the claims on "
+            f"them and gave {len(study.seeds)} seeds to both cells of every comparison that was tested, not "
+            f"settled, and would need at most {len(study.seeds)} runs for 80\\,\\% power. Each of the two looks is "
+            "tested at half the error rate (Bonferroni over looks; the second look always has the full number "
+            "of runs), which bounds the error whatever was decided after the first.")
+    return " ".join(text)
 
 
 def _samples(study) -> tuple[list[dict], bool]:
@@ -166,7 +215,7 @@ def _provenances(study) -> list[dict]:
     provs = []
     for task in study.tasks.values():
         for cell in task.cells:
-            for seed in study.seeds:
+            for seed in run_seeds(study, task.name, cell):
                 ev = read_json(run_paths(study, task.name, cell, seed)["eval_info"])
                 provs.append(ev.get("provenance") or {})
     return provs
@@ -323,7 +372,7 @@ def render(study) -> str:
         "description": esc(" ".join(str(study.raw.get("description") or "").split())) or
                        f"This report collects the results of study {esc(study.name)}.",
         "n_cells": len({c for t in study.tasks.values() for c in t.cells}),
-        "n_tasks": len(study.tasks), "n_seeds": len(study.seeds), "seeds": esc(", ".join(map(str, study.seeds))),
+        "n_tasks": len(study.tasks), "seeds_text": _seeds_text(study), "method_text": _method_text(study, results),
         "first_seed": study.seeds[0],
         "tasks": tasks,
         "metrics_text": _metrics_text(results, study),

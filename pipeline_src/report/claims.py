@@ -1,30 +1,32 @@
-"""Claims stage: the study's claims tested on its results, and its results set beside published ones.
+"""Claims stage: the study's claims tested on its runs, and its results set beside published ones.
 
-reports/<study>/claims.csv      one row per comparison of every claim (params `claims:`), with
-                                 the evidence and a verdict; the claim's overall verdict repeated.
+reports/<study>/claims.csv      one row per comparison of every claim (params `claims:`): the
+                                 evidence, the verdict and why, the runs that would settle it,
+                                 and the claim's verdict in that comparison's task.
 reports/<study>/references.csv  one row per published number (params `references:`) with ours
-                                 beside it and the difference.
+                                 beside it and the difference (relative where scales differ).
 
-Evidence for a comparison "cell against versus on metric" (effect = cell minus versus):
+A comparison "cell against versus on metric" (effect = cell minus versus) is judged on training
+runs: run s of the cell against run s of versus, one number each (results.csv: the run's corpus
+BLEU, test perplexity, ROUGE, wall time ...), the per-seed differences tested with a paired
+t-test (directional claims) or two one-sided tests (claims of equality within a margin), and
+the p-values corrected with Holm's method over all the study's claim comparisons (and for
+adaptive seeds, Bonferroni over the two looks); report/stats.py says why each choice.
 
-* metrics with per-example test outputs (BLEU, ROUGE, test perplexity): the effect is the
-  difference of the statistic on all seeds' test outputs pooled (corpus BLEU from summed
-  sacrebleu sufficient statistics, corpus perplexity from summed NLL and token counts, mean
-  ROUGE). Its 95 % interval comes from a two-level paired bootstrap: each resample draws the
-  seeds with replacement, then the test examples of each drawn seed with replacement, the same
-  draws for both cells; so the interval covers variation over seeds *and* over examples. The
-  p-value is the aggregate stage's paired bootstrap test with seeds pooled (read from
-  significance.csv when versus is the task's baseline, recomputed by the same code otherwise).
-* metrics measured once per run (throughput, wall time, best validation loss): seeds are the
-  only unit. Effect = mean over seeds of the per-seed difference (paired by seed), 95 % interval
-  and two-sided p from the paired t distribution with n_seeds - 1 degrees of freedom.
-
-Verdict (alpha 0.05): expect higher/lower -> supported when p < alpha and the whole interval lies
-on the expected side of 0, contradicted when p < alpha and it lies on the other side, otherwise
-inconclusive. Expect equal (within a margin m) -> supported when the whole interval lies in
-[-m, m] (an equivalence test), contradicted when it lies entirely outside, otherwise
-inconclusive. A claim is contradicted if any comparison is, supported if all are, otherwise
-inconclusive. "Inconclusive" means "not settled at this scale", not "false".
+Before any test, a comparison is set aside, with the reason as its verdict, when
+  * its runs are outside the claim's regime (`regime: {min_epochs | min_steps}`):
+    "not tested in the claim's regime";
+  * a run of either cell failed to train (aggregate stage: validation loss near the unigram
+    level, non-finite, or diverged) - unless the claim says that the cell's failure is the
+    effect it predicts (`failure_is_effect`): "not tested: run failed to train";
+  * the two cells saw different numbers of target tokens (more than 5 % apart) and the metric
+    is not a rate: "not tested: unequal training budgets";
+  * fewer than stats.MIN_RUNS runs pair up: "too few runs".
+Otherwise: expect higher/lower -> supported (adjusted p < alpha, effect on the expected side),
+contradicted (adjusted p < alpha, the other side) or inconclusive; expect equal -> supported
+(equivalent within the margin), contradicted (different beyond it) or inconclusive. An
+inconclusive comparison gets the runs a paired test would need for 80 % power at the observed
+effect and spread. A claim's verdict is given per task; no task overrides another.
 """
 from __future__ import annotations
 
@@ -34,220 +36,110 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..claims_config import BUDGET_FREE_METRICS
 from ..common import StageError, atomic_write_text
 from ..stages import output_path
-from . import (ALPHA, BOOTSTRAP_SEED, display_name, fmt_num, latex_escape as esc, metric_digits, read_csv,
-               report_paths)
+from . import display_name, fmt_num, latex_escape as esc, metric_digits, read_csv, report_paths
+from . import stats
+from .stats import ALPHA, MIN_RUNS
 
-CLAIM_COLUMNS = ["claim", "statement", "source", "claim_verdict", "task", "metric", "cell", "cell_label", "versus",
-                 "versus_label", "expect", "margin", "versus_value", "cell_value", "delta", "rel_delta_pct", "ci_lo",
-                 "ci_hi", "p_value", "test", "unit", "n_seeds", "n_examples", "seeds_agree", "verdict", "reason"]
+CLAIM_COLUMNS = ["claim", "statement", "source", "caveat", "regime", "task", "task_verdict", "task_reason", "metric",
+                 "cell", "cell_label", "versus", "versus_label", "expect", "margin", "n_runs", "seeds",
+                 "versus_value", "cell_value", "delta", "rel_delta_pct", "sd", "ci_lo", "ci_hi", "p_value", "looks",
+                 "p_adjusted", "test", "seeds_agree", "runs_needed", "verdict", "reason"]
 REFERENCE_COLUMNS = ["task", "cell", "cell_label", "versus", "versus_label", "metric", "ours", "ours_std",
-                     "n_seeds", "published", "difference", "same_sign", "approximate", "matches_setting", "setting",
-                     "citation", "note"]
-VERDICTS = ("supported", "contradicted", "inconclusive")
+                     "n_seeds", "published", "difference", "ours_rel_pct", "published_rel_pct", "same_sign",
+                     "approximate", "matches_setting", "setting", "citation", "note"]
+TESTED = ("supported", "contradicted", "inconclusive")
+NOT_IN_REGIME = "not tested in the claim's regime"
+RUN_FAILED = "not tested: run failed to train"
+UNEQUAL_BUDGET = "not tested: unequal training budgets"
+TOO_FEW = "too few runs"
+VERDICTS = TESTED + (TOO_FEW, RUN_FAILED, UNEQUAL_BUDGET, NOT_IN_REGIME)
+BUDGET_TOLERANCE = 0.05  # target tokens of two cells further apart than this are unequal budgets
 # Display names of the per-run metrics a claim may use (the evaluation metrics have theirs in METRICS).
-RUN_METRIC_NAMES = {"wall_s": "Training time (s)", "tokens_per_s": "Tokens/s", "best_val_loss": "Best val loss",
+RUN_METRIC_NAMES = {"wall_s": "Training time (s)", "tokens_per_s": "Target tokens/s", "best_val_loss": "Best val loss",
                     "final_val_loss": "Final val loss", "final_train_loss": "Final train loss", "val_ppl": "Val PPL",
-                    "steps": "Steps", "mfu": "MFU", "peak_mem_mb": "Peak memory (MB)"}
+                    "steps": "Steps", "mfu": "MFU", "peak_mem_mb": "Peak memory (MB)",
+                    "s_per_mtok": "s per M target tokens"}
 
 
-# --- statistics ----------------------------------------------------------------------------------
+def looks(study) -> int:
+    """How many times a comparison may be looked at: twice with adaptive seeds (after the first
+    round and after the last), else once."""
+    return 2 if study.adaptive_seeds else 1
 
 
-def student_t_two_sided_p(t: float, df: int) -> float:
-    """P(|T| >= |t|) for Student's t with integer df >= 1 (Abramowitz & Stegun 26.7.3-4: finite
-    sums in theta = atan(t / sqrt(df)); exact, no special functions needed)."""
-    if df < 1:
-        raise ValueError("df must be >= 1")
-    if math.isinf(t):
-        return 0.0
-    theta = math.atan(abs(t) / math.sqrt(df))
-    s, c = math.sin(theta), math.cos(theta)
-    if df % 2:  # odd
-        total, term = 0.0, c
-        for k in range(1, (df - 1) // 2 + 1):  # c + (2/3) c^3 + (2*4)/(3*5) c^5 + ...
-            total += term
-            term *= c * c * (2 * k) / (2 * k + 1)
-        a = (2 / math.pi) * (theta + (s * total if df > 1 else 0.0))
-    else:
-        total, term = 0.0, 1.0
-        for k in range(1, df // 2 + 1):  # 1 + (1/2) c^2 + (1*3)/(2*4) c^4 + ...
-            total += term
-            term *= c * c * (2 * k - 1) / (2 * k)
-        a = s * total
-    return float(min(1.0, max(0.0, 1.0 - a)))
+# --- one comparison ------------------------------------------------------------------------------
 
 
-def student_t_quantile(q: float, df: int) -> float:
-    """The q-quantile (q > 0.5) of Student's t, by bisection on the two-sided tail."""
-    target = 2 * (1 - q)
-    lo, hi = 0.0, 1.0
-    while student_t_two_sided_p(hi, df) > target:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if student_t_two_sided_p(mid, df) > target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
-def two_level_bootstrap(base: list[np.ndarray], cell: list[np.ndarray], stat, n: int, seed: int = BOOTSTRAP_SEED):
-    """Paired two-level bootstrap of stat(sum of cell rows) - stat(sum of base rows).
-
-    base[s], cell[s]: per-example feature rows (examples x features) of seed s, row i of both
-    being the same test example. stat maps a feature sum to the statistic (e.g. nll, tokens ->
-    perplexity). Returns (delta on all data, [2.5 %, 97.5 %] percentile interval)."""
-    if len(base) != len(cell) or not base:
-        raise ValueError("two_level_bootstrap: need the same non-zero number of seeds for both cells")
-    for b, c in zip(base, cell):
-        if b.shape != c.shape:
-            raise ValueError(f"two_level_bootstrap: unpaired arrays {b.shape} vs {c.shape}")
-    delta = stat(sum(c.sum(axis=0) for c in cell)) - stat(sum(b.sum(axis=0) for b in base))
-    rng = np.random.default_rng(seed)
-    k = len(base)
-    diffs = np.empty(n)
-    for r in range(n):
-        sb, sc = 0.0, 0.0
-        for s in rng.integers(0, k, size=k):
-            m = len(base[s])
-            w = np.bincount(rng.integers(0, m, size=m), minlength=m).astype(np.float64)
-            sb = sb + w @ base[s]
-            sc = sc + w @ cell[s]
-        diffs[r] = stat(sc) - stat(sb)
-    return float(delta), [float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))]
-
-
-def verdict(expect: str, lo: float, hi: float, p: float, margin: float | None = None,
-            alpha: float = ALPHA) -> tuple[str, str]:
-    """(verdict, reason) for one comparison from its effect interval [lo, hi] and p-value."""
-    if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in (lo, hi)):
-        return "inconclusive", "no interval (a single seed of a per-run metric)"
-    if expect == "equal":
-        if margin is None:
-            raise ValueError("expect equal needs a margin")
-        if -margin <= lo and hi <= margin:
-            return "supported", f"the 95 % interval lies within +-{margin:.3g}"
-        if lo > margin or hi < -margin:
-            return "contradicted", f"the 95 % interval lies outside +-{margin:.3g}"
-        return "inconclusive", f"the 95 % interval crosses +-{margin:.3g}"
-    sign = 1.0 if expect == "higher" else -1.0
-    significant = p is not None and not math.isnan(p) and p < alpha
-    if significant and sign * lo > 0 and sign * hi > 0:
-        return "supported", f"p < {alpha} and the interval excludes 0 on the expected side"
-    if significant and sign * lo < 0 and sign * hi < 0:
-        return "contradicted", f"p < {alpha} and the interval excludes 0 on the opposite side"
-    if not significant:
-        return "inconclusive", f"p >= {alpha}"
-    return "inconclusive", "p < alpha but the interval (which also resamples seeds) includes 0"
-
-
-def combine(verdicts: list[str]) -> str:
-    if "contradicted" in verdicts:
-        return "contradicted"
-    if verdicts and all(v == "supported" for v in verdicts):
-        return "supported"
-    return "inconclusive"
-
-
-# --- per-example features ------------------------------------------------------------------------
-
-
-def _bleu_stat():
-    from sacrebleu.metrics import BLEU
-
-    metric = BLEU()
-    return metric, lambda s: float(metric._compute_score_from_stats(list(np.asarray(s, dtype=np.float64))).score)
-
-
-def _features(out, task: str, cell: str, seed: int, metric: str, kind: str):
-    """Per-example feature rows whose column sums determine the statistic, and that statistic."""
-    if metric == "bleu":
-        bleu, stat = _bleu_stat()
-        hyps, refs = out.lines(task, cell, seed, "hyps.txt"), out.lines(task, cell, seed, "refs.txt")
-        if len(hyps) != len(refs):
-            raise StageError(f"{task}/{cell}/seed{seed}: {len(hyps)} hypotheses but {len(refs)} references")
-        rows = np.asarray(bleu._extract_corpus_statistics(hyps, [refs]), dtype=np.float64)
-        return rows, stat, tuple(refs)
-    if metric.startswith("rouge"):
-        scores = out.scores(task, cell, seed, metric, None)
-        return np.stack([scores, np.ones_like(scores)], axis=1), lambda s: float(s[0] / s[1]), len(scores)
-    if metric in ("test_ppl", "test_ppl_word"):
-        frame = out.per_example(task, cell, seed)
-        denom = "tokens" if metric == "test_ppl" else "words"
-        if denom not in frame or frame[denom].isna().all():
-            raise StageError(f"{task}/{cell}/seed{seed}: per_example.tsv column {denom} empty")
-        rows = frame[["nll", denom]].to_numpy(np.float64)
-        return rows, lambda s: float(math.exp(s[0] / max(s[1], 1e-12))), tuple(frame["index"])
-    raise StageError(f"claims: metric {metric} has no per-example outputs")
-
-
-# --- evidence ------------------------------------------------------------------------------------
-
-
-def _pooled_p(study, sig: pd.DataFrame, out, comp, kind: str, means: dict) -> tuple[float, str]:
-    """The pooled paired-bootstrap p-value of the aggregate stage for this comparison."""
-    from .aggregate import _test_one
-
-    baseline = study.tasks[comp.task].baseline_cell
-    if comp.versus == baseline and len(sig):
-        row = sig[(sig["task"] == comp.task) & (sig["cell"] == comp.cell) & (sig["metric"] == comp.metric)
-                  & (sig["seed"].astype(str) == "pooled")]
-        if len(row):
-            return float(row["p_value"].iloc[0]), str(row["test"].iloc[0])
-    n = study.cell(comp.task, comp.versus).eval.bootstrap
-    res = _test_one(out, comp.task, kind, comp.versus, comp.cell, list(study.seeds), comp.metric, n, means)
-    return float(res["p_value"]), str(res["test"])
-
-
-def _example_evidence(study, comp, kind: str, out, sig, means) -> dict:
-    base, cell, per_seed = [], [], []
-    stat = None
-    for s in study.seeds:
-        b, stat, b_key = _features(out, comp.task, comp.versus, s, comp.metric, kind)
-        c, _, c_key = _features(out, comp.task, comp.cell, s, comp.metric, kind)
-        if b_key != c_key:
-            raise StageError(f"{comp.task}/{comp.cell}/seed{s}: test examples differ from {comp.versus}'s; "
-                             "cannot pair them")
-        base.append(b)
-        cell.append(c)
-        per_seed.append(stat(c.sum(axis=0)) - stat(b.sum(axis=0)))
-    n = study.cell(comp.task, comp.versus).eval.bootstrap
-    delta, (lo, hi) = two_level_bootstrap(base, cell, stat, n)
-    p, test = _pooled_p(study, sig, out, comp, kind, means)
-    return {"versus_value": stat(sum(b.sum(axis=0) for b in base)), "cell_value": stat(sum(c.sum(axis=0) for c in cell)),
-            "delta": delta, "ci_lo": lo, "ci_hi": hi, "p_value": p, "per_seed": per_seed,
-            "test": f"{test}; interval: two-level paired bootstrap over seeds and examples ({n} resamples)",
-            "unit": "seed x test example", "n_examples": int(sum(len(b) for b in base))}
-
-
-def _run_evidence(study, comp, results: pd.DataFrame) -> dict:
-    paths = report_paths(study)
+def _paired(results: pd.DataFrame, comp) -> pd.DataFrame:
+    """The seeds both cells have a run for, one row each: <col>_c and <col>_v of the metric and of
+    the columns the checks read (failure flag, budget, epochs, steps)."""
     rows = results[results["task"] == comp.task]
     if comp.metric not in rows or rows[comp.metric].isna().all():
-        raise StageError(f"{paths['results']}: column {comp.metric} missing for task {comp.task}")
-    by = rows.set_index(["cell", "seed"])[comp.metric].astype(float)
-    c = np.array([by[(comp.cell, s)] for s in study.seeds])
-    v = np.array([by[(comp.versus, s)] for s in study.seeds])
+        raise StageError(f"results.csv: column {comp.metric} missing for task {comp.task}")
+    cols = list(dict.fromkeys(c for c in (comp.metric, "failed", "failure", "train_tokens", "epochs_seen", "steps")
+                              if c in rows))
+    cell = rows[rows["cell"] == comp.cell].set_index("seed")[cols]
+    versus = rows[rows["cell"] == comp.versus].set_index("seed")[cols]
+    return pd.merge(cell, versus, left_index=True, right_index=True, suffixes=("_c", "_v")).sort_index()
+
+
+def _flag(both: pd.DataFrame, side: str, col: str, default=None):
+    key = f"{col}_{side}"
+    return both[key] if key in both else pd.Series(default, index=both.index)
+
+
+def _set_aside(claim, comp, both: pd.DataFrame) -> tuple[str, str] | None:
+    """(verdict, reason) when the comparison is not tested, else None (see module doc)."""
+    regime = claim.regime
+    if regime is not None:
+        for what, col, need in (("epochs", "epochs_seen", regime.min_epochs), ("steps", "steps", regime.min_steps)):
+            if need is None:
+                continue
+            seen = pd.to_numeric(pd.concat([_flag(both, "c", col), _flag(both, "v", col)]), errors="coerce")
+            if seen.isna().all() or seen.min() < need:
+                got = "unknown" if seen.isna().all() else f"{seen.min():.3g}"
+                return NOT_IN_REGIME, (f"the claim is about {regime.description} (>= {need:g} {what}); these runs "
+                                       f"saw {got}")
+    failed = []
+    for side, cell in (("c", comp.cell), ("v", comp.versus)):
+        if side == "c" and claim.failure_is_effect:
+            continue
+        flags = _flag(both, side, "failed", False).map(_true)
+        reasons = _flag(both, side, "failure", "")
+        failed += [f"{cell}/seed{s} ({reasons[s]})" for s in both.index[flags.to_numpy()]]
+    if failed:
+        return RUN_FAILED, "failed to train: " + "; ".join(failed)
+    if comp.metric not in BUDGET_FREE_METRICS and "train_tokens_c" in both:
+        tc = pd.to_numeric(both["train_tokens_c"], errors="coerce").mean()
+        tv = pd.to_numeric(both["train_tokens_v"], errors="coerce").mean()
+        if tc > 0 and tv > 0 and abs(tc - tv) / max(tc, tv) > BUDGET_TOLERANCE:
+            return UNEQUAL_BUDGET, (f"{comp.cell} saw {tc / 1e6:.3g}M target tokens, {comp.versus} {tv / 1e6:.3g}M "
+                                    "(give both the same train.max_target_tokens, or compare a rate such as "
+                                    "s_per_mtok)")
+    if len(both) < MIN_RUNS:
+        return TOO_FEW, (f"{len(both)} paired run(s); a verdict needs >= {MIN_RUNS} (a paired t over runs; "
+                         "report/stats.py)")
+    return None
+
+
+def _evidence(expect: str, c: np.ndarray, v: np.ndarray, margin) -> dict:
+    """The test of one comparison from the paired runs' values (c[i] and v[i]: the same seed)."""
     d = c - v
-    k = len(d)
-    delta = float(d.mean())
-    if k < 2:
-        lo = hi = p = float("nan")
-    else:
-        se = float(d.std(ddof=1)) / math.sqrt(k)
-        if se == 0:
-            lo = hi = delta
-            p = 1.0 if delta == 0 else 0.0
-        else:
-            q = student_t_quantile(0.975, k - 1)
-            lo, hi = delta - q * se, delta + q * se
-            p = student_t_two_sided_p(delta / se, k - 1)
-    return {"versus_value": float(v.mean()), "cell_value": float(c.mean()), "delta": delta, "ci_lo": lo,
-            "ci_hi": hi, "p_value": p, "per_seed": list(d), "unit": "seed",
-            "test": f"paired t over {k} seed(s) (df {k - 1})", "n_examples": np.nan}
+    t = stats.paired_t(d)
+    ev = {"n_runs": len(d), "versus_value": float(v.mean()) if len(v) else np.nan,
+          "cell_value": float(c.mean()) if len(c) else np.nan, "delta": t["mean"], "sd": t["sd"], "ci_lo": t["ci_lo"],
+          "ci_hi": t["ci_hi"], "p_value": t["p"], "per_seed": d,
+          "test": f"paired t over {len(d)} runs (df {len(d) - 1}), two-sided"}
+    if expect == "equal":
+        eq = stats.equivalence(d, margin)
+        ev["p_inside"], ev["p_outside"] = eq["p_inside"], eq["p_outside"]
+        ev["p_value"] = min(eq["p_inside"], eq["p_outside"])
+        ev["test"] = (f"two one-sided paired t-tests (TOST) over {len(d)} runs for |delta| < {margin:.3g}, "
+                      f"and the test of |delta| > {margin:.3g}")
+    return ev
 
 
 def _agrees(expect: str, d: float, margin: float | None) -> bool:
@@ -256,41 +148,104 @@ def _agrees(expect: str, d: float, margin: float | None) -> bool:
     return d > 0 if expect == "higher" else d < 0
 
 
-def evaluate_claims(study, results: pd.DataFrame, sig: pd.DataFrame) -> pd.DataFrame:
-    from .aggregate import _Outputs
+def _decide(expect: str, ev: dict, p_adj: float, margin, alpha_runs: float | None) -> tuple[str, str, float]:
+    """(verdict, reason, runs needed) of a tested comparison; alpha_runs None: runs needed not computed."""
+    if expect == "equal":
+        if p_adj < ALPHA:
+            inside = ev["p_inside"] <= ev["p_outside"]
+            return (("supported", f"equivalent within +-{margin:.3g} (adjusted p {p_adj:.2g})", np.nan) if inside else
+                    ("contradicted", f"different by more than {margin:.3g} (adjusted p {p_adj:.2g})", np.nan))
+        need = np.nan if alpha_runs is None else stats.runs_needed_equivalence(ev["delta"], ev["sd"], margin, alpha_runs)
+    else:
+        if p_adj < ALPHA:
+            on_side = (ev["delta"] > 0) == (expect == "higher")
+            where = "the expected" if on_side else "the opposite"
+            return ("supported" if on_side else "contradicted",
+                    f"adjusted p {p_adj:.2g} < {ALPHA}, effect on {where} side", np.nan)
+        need = np.nan if alpha_runs is None else stats.runs_needed(ev["delta"], ev["sd"], alpha_runs)
+    if math.isnan(need):
+        return "inconclusive", f"adjusted p {p_adj:.2g} >= {ALPHA}", need
+    if math.isinf(need):
+        why = ("the observed difference is at or beyond the margin" if expect == "equal"
+               else "no difference was seen")
+        return "inconclusive", f"adjusted p {p_adj:.2g} >= {ALPHA}; {why}, more runs would not settle it", need
+    return "inconclusive", (f"adjusted p {p_adj:.2g} >= {ALPHA}; ~{stats.fmt_runs(need)} runs per cell would settle "
+                            "it at 80 % power"), need
 
-    out = _Outputs(study)
-    means = {(r["task"], r["cell"], r["seed"], m): r[m] for r in results.to_dict("records")
-             for m in ("rouge1", "rouge2", "rougeLsum") if m in r}
+
+def _task_verdict(verdicts: list[str]) -> tuple[str, str]:
+    """A claim's verdict in one task from its comparisons there (all must hold)."""
+    if "contradicted" in verdicts:
+        return "contradicted", f"{verdicts.count('contradicted')} of {len(verdicts)} comparisons contradicted"
+    if all(v == "supported" for v in verdicts):
+        return "supported", f"all {len(verdicts)} comparison(s) supported"
+    if len(set(verdicts)) == 1:
+        return verdicts[0], ""
+    return "inconclusive", (f"{verdicts.count('supported')} of {len(verdicts)} comparisons supported, the rest: "
+                            + ", ".join(sorted(set(v for v in verdicts if v != "supported"))))
+
+
+def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
+    """Every claim comparison of the study judged on the runs in `results` (results.csv rows)."""
     labels = {(r["task"], r["cell"]): r["label"] for r in results.to_dict("records")}
-    rows = []
+    n_looks = looks(study)
+    rows, evidence = [], []
     for claim in study.claims:
-        claim_rows = []
         for comp in claim.comparisons:
-            kind = study.tasks[comp.task].kind
-            task_means = {k[1:]: v for k, v in means.items() if k[0] == comp.task}
-            ev = (_example_evidence(study, comp, kind, out, sig, task_means) if comp.per_example
-                  else _run_evidence(study, comp, results))
+            both = _paired(results, comp)
+            v_mean = pd.to_numeric(_flag(both, "v", comp.metric), errors="coerce").mean() if len(both) else np.nan
             margin = comp.margin if comp.margin is not None else (
-                None if comp.margin_pct is None else comp.margin_pct / 100 * abs(ev["versus_value"]))
-            v, reason = verdict(comp.expect, ev["ci_lo"], ev["ci_hi"], ev["p_value"], margin)
-            agree = sum(_agrees(comp.expect, d, margin) for d in ev["per_seed"])
-            claim_rows.append({
-                "claim": claim.name, "statement": claim.statement, "source": claim.source, "task": comp.task,
-                "metric": comp.metric, "cell": comp.cell, "cell_label": labels.get((comp.task, comp.cell), comp.cell),
-                "versus": comp.versus, "versus_label": labels.get((comp.task, comp.versus), comp.versus),
-                "expect": comp.expect, "margin": margin, "versus_value": ev["versus_value"],
-                "cell_value": ev["cell_value"], "delta": ev["delta"],
-                "rel_delta_pct": 100 * ev["delta"] / abs(ev["versus_value"]) if ev["versus_value"] else np.nan,
-                "ci_lo": ev["ci_lo"], "ci_hi": ev["ci_hi"], "p_value": ev["p_value"], "test": ev["test"],
-                "unit": ev["unit"], "n_seeds": len(study.seeds), "n_examples": ev["n_examples"],
-                "seeds_agree": f"{agree}/{len(ev['per_seed'])}", "verdict": v, "reason": reason})
-        overall = combine([r["verdict"] for r in claim_rows])
-        rows += [dict(r, claim_verdict=overall) for r in claim_rows]
-    return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
+                None if comp.margin_pct is None else comp.margin_pct / 100 * abs(v_mean))
+            row = {"claim": claim.name, "statement": claim.statement, "source": claim.source, "caveat": claim.caveat,
+                   "regime": claim.regime.description if claim.regime else "", "task": comp.task,
+                   "metric": comp.metric, "cell": comp.cell, "cell_label": labels.get((comp.task, comp.cell), comp.cell),
+                   "versus": comp.versus, "versus_label": labels.get((comp.task, comp.versus), comp.versus),
+                   "expect": comp.expect, "margin": margin, "looks": n_looks}
+            ev = (_evidence(comp.expect, both[f"{comp.metric}_c"].astype(float).to_numpy(),
+                            both[f"{comp.metric}_v"].astype(float).to_numpy(), margin)
+                  if len(both) else {"n_runs": 0, "per_seed": []})
+            ev["seeds"] = ",".join(str(int(s)) for s in both.index)
+            row.update({k: v for k, v in ev.items() if k in CLAIM_COLUMNS})
+            row["seeds_agree"] = f"{sum(_agrees(comp.expect, d, margin) for d in ev['per_seed'])}/{len(ev['per_seed'])}"
+            aside = _set_aside(claim, comp, both)
+            if aside:
+                row["verdict"], row["reason"] = aside
+            rows.append(row)
+            evidence.append((comp, ev, margin))
+    tested = [i for i, r in enumerate(rows) if "verdict" not in r]
+    raw = [min(1.0, rows[i]["p_value"] * n_looks) for i in tested]
+    adjusted = stats.holm(raw) if tested else []
+    alpha_runs = ALPHA / max(1, len(tested)) / n_looks  # Holm's strictest step
+    for i, p_adj in zip(tested, adjusted):
+        comp, ev, margin = evidence[i]
+        rows[i]["p_adjusted"] = float(p_adj)
+        rows[i]["verdict"], rows[i]["reason"], rows[i]["runs_needed"] = _decide(comp.expect, ev, float(p_adj), margin,
+                                                                                alpha_runs)
+    frame = pd.DataFrame(rows, columns=CLAIM_COLUMNS)
+    frame[["task_verdict", "task_reason"]] = frame[["task_verdict", "task_reason"]].astype(object)
+    for (claim, task), group in frame.groupby(["claim", "task"], sort=False):
+        frame.loc[group.index, ["task_verdict", "task_reason"]] = _task_verdict(list(group["verdict"]))
+    frame["rel_delta_pct"] = 100 * frame["delta"] / frame["versus_value"].abs()
+    return frame
+
+
+def judge_alone(expect: str, cell_values, versus_values, margin: float | None = None, n_looks: int = 1,
+                runs_needed: bool = True) -> dict:
+    """One comparison judged as if it were its study's only claim comparison (Holm over one test):
+    the engine of evaluate_claims without the tables around it (tests/test_calibration.py)."""
+    c, v = np.asarray(cell_values, dtype=np.float64), np.asarray(versus_values, dtype=np.float64)
+    if len(c) < MIN_RUNS:
+        return {"verdict": TOO_FEW, "runs_needed": np.nan, "p_adjusted": np.nan}
+    ev = _evidence(expect, c, v, margin)
+    p_adj = min(1.0, ev["p_value"] * n_looks)
+    verdict, reason, need = _decide(expect, ev, p_adj, margin, ALPHA / n_looks if runs_needed else None)
+    return {"verdict": verdict, "reason": reason, "runs_needed": need, "p_adjusted": p_adj}
 
 
 def compare_references(study, results: pd.DataFrame) -> pd.DataFrame:
+    """Every published number beside ours: the mean over our runs (over the seeds both cells ran
+    for a published difference), and where the published value of the compared-against setting is
+    known, both differences in percent of their own scale."""
     paths = report_paths(study)
     rows = []
     for ref in study.references:
@@ -300,17 +255,24 @@ def compare_references(study, results: pd.DataFrame) -> pd.DataFrame:
                              f"(named by a reference to {ref.citation!r})")
         by = task_rows.set_index(["cell", "seed"])[ref.metric].astype(float)
         label = dict(zip(task_rows["cell"], task_rows["label"]))
-        values = np.array([by[(ref.cell, s)] for s in study.seeds])
+        seeds = sorted(task_rows.loc[task_rows["cell"] == ref.cell, "seed"])
         if ref.versus is not None:
-            values = values - np.array([by[(ref.versus, s)] for s in study.seeds])
-        ours = float(values.mean())
+            seeds = [s for s in seeds if (ref.versus, s) in by.index]
+        values = np.array([by[(ref.cell, s)] for s in seeds])
+        base = np.array([by[(ref.versus, s)] for s in seeds]) if ref.versus is not None else None
+        if base is not None:
+            values = values - base
+        ours = float(values.mean()) if len(values) else np.nan
         same_sign = (None if ref.versus is None else
                      bool(np.sign(round(ours, 9)) == np.sign(round(ref.value, 9))))
+        ours_rel = 100 * ours / abs(base.mean()) if base is not None and len(base) else np.nan
+        pub_rel = 100 * ref.value / abs(ref.versus_value) if ref.versus_value else np.nan
         rows.append({"task": ref.task, "cell": ref.cell, "cell_label": label.get(ref.cell, ref.cell),
                      "versus": ref.versus, "versus_label": label.get(ref.versus, ref.versus) if ref.versus else None,
                      "metric": ref.metric, "ours": ours,
                      "ours_std": float(values.std(ddof=1)) if len(values) > 1 else np.nan,
                      "n_seeds": len(values), "published": ref.value, "difference": ours - ref.value,
+                     "ours_rel_pct": ours_rel, "published_rel_pct": pub_rel,
                      "same_sign": same_sign, "approximate": ref.approximate, "matches_setting": ref.matches_setting,
                      "setting": ref.setting, "citation": ref.citation, "note": ref.note})
     return pd.DataFrame(rows, columns=REFERENCE_COLUMNS)
@@ -330,17 +292,15 @@ def _paths(study):
 
 def run(study) -> None:
     paths = report_paths(study)
-    results, sig = read_csv(paths["results"]), read_csv(paths["significance"])
-    claims = evaluate_claims(study, results, sig)
+    results = read_csv(paths["results"])
+    claims = evaluate_claims(study, results)
     refs = compare_references(study, results)
     claims_path, refs_path = _paths(study)
     # Both computed before either is written: a failure leaves the old outputs intact.
     atomic_write_text(claims_path, _csv(claims))
     atomic_write_text(refs_path, _csv(refs))
-    per_claim = claims.drop_duplicates("claim")["claim_verdict"].value_counts() if len(claims) else {}
-    print(f"[claims] {len(study.claims)} claims ("
-          + ", ".join(f"{per_claim.get(v, 0)} {v}" for v in VERDICTS)
-          + f"), {len(refs)} published references: {claims_path.parent}", flush=True)
+    print(f"[claims] {len(study.claims)} claims: {claims_summary(claims, latex=False)} {len(refs)} published "
+          f"references: {claims_path.parent}", flush=True)
 
 
 # --- LaTeX (used by the report stage) ------------------------------------------------------------
@@ -358,60 +318,92 @@ def _signed(x, digits: int) -> str:
     return ("$+$" if x >= 0 else "$-$") + fmt_num(abs(x), digits)
 
 
-_VERDICT_TEX = {"supported": r"\textcolor{green!45!black}{supported}",
-                "contradicted": r"\textcolor{red!70!black}{contradicted}",
-                "inconclusive": r"\textcolor{black!60}{inconclusive}"}
+_VERDICT_COLOUR = {"supported": "green!45!black", "contradicted": "red!70!black", "inconclusive": "black!60"}
+
+
+def verdict_tex(verdict: str) -> str:
+    return rf"\textcolor{{{_VERDICT_COLOUR.get(verdict, 'black!60')}}}{{{esc(verdict)}}}"
+
+
+def _runs_needed(x) -> str:
+    if _missing(x) or str(x) == "":
+        return "--"
+    return esc(stats.fmt_runs(float(x)))
 
 
 def claims_latex(frame: pd.DataFrame) -> str:
-    """The claims table: one header row per claim (statement, source, overall verdict), then one
-    row per comparison with the evidence."""
+    """The claims table: per claim a header (statement, source, its verdict in each task, its
+    caveat and regime), then one row per comparison with the evidence and the verdict's reason."""
     if frame.empty:
         return ""
-    lines = [r"{\footnotesize", r"\begin{longtable}{@{}p{4.1cm}p{1.9cm}lrp{3.3cm}rcl@{}}",
-             r"\caption{Claims of the seed reports and of Vaswani et al.\ (2017), tested on this study's runs. "
-             r"$v\to c$: the metric for the compared-against cell and for the cell (seeds pooled); "
-             r"$\Delta=c-v$ with its 95\,\% interval; $p$: paired test; seeds: how many seeds show the expected "
-             r"relation.}\label{tab:claims}\\",
-             r"\toprule", r"Comparison ($c$ vs $v$) & Metric & Expect & $v\to c$ & $\Delta$ [95\,\% CI] & $p$ & Seeds "
-             r"& Verdict \\", r"\midrule", r"\endhead", r"\bottomrule", r"\endfoot"]
+    n_looks = int(frame["looks"].iloc[0]) if "looks" in frame and len(frame) else 1
+    looks_note = (r" $p_\mathrm{adj}$ includes the factor 2 of the two looks at adaptive seeds (Bonferroni)."
+                  if n_looks > 1 else "")
+    lines = [r"{\footnotesize\setlength{\tabcolsep}{3pt}",
+             r"\begin{longtable}{@{}>{\raggedright}p{3.2cm}>{\raggedright}p{1.2cm}>{\raggedright}p{1.0cm}r"
+             r">{\raggedright}p{2.5cm}rc>{\raggedright\arraybackslash}p{2.4cm}@{}}",
+             r"\caption{Claims tested on this study's training runs, each verdict per task. "
+             r"$v\to c$: mean over the runs of the compared-against cell and of the cell; "
+             r"$\Delta=c-v$: mean of the per-seed differences with its 95\,\% Student-$t$ interval over runs; "
+             r"$p_\mathrm{adj}$: paired $t$-test over runs (TOST for $\approx$), Holm-corrected over all "
+             r"comparisons of the study." + looks_note + r" Runs: paired runs behind the comparison, and for an "
+             r"unsettled one the runs per cell a paired test would need for 80\,\% power at the observed effect "
+             r"and spread.}\label{tab:claims}\\",
+             r"\toprule", r"Comparison ($c$ vs $v$) & Metric & Expect & $v\to c$ & $\Delta$ [95\,\% CI] & "
+             r"$p_\mathrm{adj}$ & Runs & Verdict \\", r"\midrule", r"\endhead", r"\bottomrule", r"\endfoot"]
     for name, group in frame.groupby("claim", sort=False):
         first = group.iloc[0]
-        lines.append(r"\multicolumn{8}{@{}p{\linewidth}@{}}{\rule{0pt}{2.6ex}\textbf{" + esc(first["statement"])
-                     + r"} \textit{(" + esc(first["source"]) + r")} --- claim: \textbf{"
-                     + _VERDICT_TEX.get(first["claim_verdict"], esc(first["claim_verdict"])) + r"}}\\*")
+        per_task = "; ".join(f"{esc(t)}: \\textbf{{{verdict_tex(g['task_verdict'].iloc[0])}}}"
+                             for t, g in group.groupby("task", sort=False))
+        head = (r"\textbf{" + esc(first["statement"]) + r"} \textit{(" + esc(first["source"]) + r")} --- "
+                + per_task)
+        for key, word in (("regime", "Regime"), ("caveat", "Caveat")):
+            if isinstance(first.get(key), str) and first[key]:
+                head += rf". \emph{{{word}:}} {esc(first[key])}"
+        lines.append(r"\multicolumn{8}{@{}p{\linewidth}@{}}{\rule{0pt}{2.6ex}" + head + r"}\\*")
         for _, r in group.iterrows():
-            d = metric_digits(r["metric"], r["versus_value"])
+            d = metric_digits(r["metric"], r["versus_value"]) if not _missing(r["versus_value"]) else 2
             expect = {"higher": "higher", "lower": "lower"}.get(r["expect"])
             if expect is None:
                 expect = r"$\approx$ ($\pm$" + fmt_num(r["margin"], d) + ")"
+            runs = str(int(r["n_runs"])) if not _missing(r["n_runs"]) else "0"
+            if r["verdict"] == "inconclusive":
+                runs += r"$\to$" + _runs_needed(r["runs_needed"])
+            verdict = verdict_tex(r["verdict"])
+            if r["verdict"] not in TESTED or r["verdict"] == "inconclusive":
+                verdict += r"\newline{\scriptsize " + esc(str(r["reason"])) + "}"
             lines.append(
                 f"{esc(r['task'])}: {esc(r['cell_label'])} vs {esc(r['versus_label'])} & "
                 f"{esc(RUN_METRIC_NAMES.get(r['metric']) or display_name(r['metric']))} & {expect} & "
                 f"{fmt_num(r['versus_value'], d)}$\\to${fmt_num(r['cell_value'], d)} & "
                 f"{_signed(r['delta'], d)} [{_signed(r['ci_lo'], d)}, {_signed(r['ci_hi'], d)}] & "
-                f"{_p(r['p_value'])} & {esc(r['seeds_agree'])} & {_VERDICT_TEX.get(r['verdict'], esc(r['verdict']))} \\\\")
+                f"{_p(r['p_adjusted'])} & {runs} & {verdict} \\\\")
     lines += [r"\end{longtable}}"]
     return "\n".join(lines) + "\n"
 
 
-def claims_summary(frame: pd.DataFrame) -> str:
-    per_claim = frame.drop_duplicates("claim")
-    counts = per_claim["claim_verdict"].value_counts()
-    return (f"Of {len(per_claim)} claims, {counts.get('supported', 0)} are supported, "
-            f"{counts.get('contradicted', 0)} contradicted and {counts.get('inconclusive', 0)} inconclusive at "
-            "this scale.")
+def claims_summary(frame: pd.DataFrame, latex: bool = True) -> str:
+    """One sentence: how many claim x task verdicts of each kind."""
+    per_task = frame.drop_duplicates(["claim", "task"])
+    counts = per_task["task_verdict"].value_counts()
+    parts = [f"{counts[v]} {v}" for v in VERDICTS if counts.get(v, 0)]
+    claims = per_task["claim"].nunique()
+    text = (f"{claims} claims give {len(per_task)} verdicts (one per claim and task): " + ", ".join(parts) + ".")
+    return esc(text) if latex else text
 
 
 def references_latex(frame: pd.DataFrame) -> str:
     """Ours vs published: one row per reference, then a plain note for every setting that differs."""
     if frame.empty:
         return ""
-    lines = [r"{\footnotesize", r"\begin{longtable}{@{}p{3.6cm}lrrrcp{5.2cm}@{}}",
-             r"\caption{Our results beside published ones. Ours: mean $\pm$ standard deviation over seeds; a "
-             r"difference between two settings ($c-v$) is compared with the published difference. "
-             r"$\approx$: the published number is approximate. Setting: whether the published setting "
-             r"matches ours (see the notes below).}\label{tab:references}\\",
+    lines = [r"{\footnotesize\setlength{\tabcolsep}{3pt}",
+             r"\begin{longtable}{@{}>{\raggedright}p{3.2cm}l>{\raggedleft}p{2.1cm}>{\raggedleft}p{1.8cm}"
+             r">{\raggedleft}p{1.8cm}c>{\raggedright\arraybackslash}p{3.6cm}@{}}",
+             r"\caption{Our results beside published ones. Ours: mean $\pm$ standard deviation over runs; a "
+             r"difference between two settings ($c-v$) is compared with the published difference, and where both "
+             r"scales are known also in percent of each one's own $v$ (absolute differences on different scales "
+             r"are not comparable). $\approx$: the published number is approximate. Setting: whether the "
+             r"published setting matches ours (see the notes below).}\label{tab:references}\\",
              r"\toprule", r"Ours (task: cell) & Metric & Ours & Published & Ours $-$ published & Setting & Source \\",
              r"\midrule", r"\endhead", r"\bottomrule", r"\endfoot"]
     notes = []
@@ -426,6 +418,10 @@ def references_latex(frame: pd.DataFrame) -> str:
         if _true(r["approximate"]):
             pub = r"$\approx$" + pub
         diff = _signed(r["difference"], d)
+        if not _missing(r.get("ours_rel_pct")) and not _missing(r.get("published_rel_pct")):
+            ours += rf"\newline ({_signed(r['ours_rel_pct'], 1)}\,\%)"
+            pub += rf"\newline ({_signed(r['published_rel_pct'], 1)}\,\%)"
+            diff = _signed(r["ours_rel_pct"] - r["published_rel_pct"], 1) + r"\,pp"
         if isinstance(r["versus"], str) and r["same_sign"] is not None and not _missing(r["same_sign"]):
             diff += " (same sign)" if _true(r["same_sign"]) else " (opposite sign)"
         matches = "matches" if _true(r["matches_setting"]) else f"differs$^{{{i}}}$"

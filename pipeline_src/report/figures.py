@@ -26,7 +26,9 @@ import numpy as np
 import pandas as pd
 
 from ..common import StageError, atomic_dir
+from ..seed_plan import run_seeds
 from ..stages import data_paths
+from .aggregate import RUN_LEVEL
 from . import (ALPHA, display_name, higher_is_better, mask_token_level, primary_metric, read_csv, report_paths,
                run_paths, safe_name)
 
@@ -117,7 +119,7 @@ def loss_figure(study, task, colors, outdir: Path) -> dict:
     values = []
     for cell in task.cells:
         cfg = study.cell(task.name, cell)
-        logs = [_read_log(run_paths(study, task.name, cell, s)["log"]) for s in study.seeds]
+        logs = [_read_log(run_paths(study, task.name, cell, s)["log"]) for s in run_seeds(study, task.name, cell)]
         both = pd.concat(logs)
         train = both.dropna(subset=["train_loss"]).groupby("step")["train_loss"].mean()
         val = both.dropna(subset=["val_loss"]).groupby("step")["val_loss"].mean()
@@ -145,8 +147,8 @@ def loss_figure(study, task, colors, outdir: Path) -> dict:
     name = f"loss_{safe_name(task.name)}"
     _save(fig, outdir, name)
     return {"name": name, "kind": "loss", "task": task.name,
-            "caption": f"Training and validation loss on {task.name}, one line per cell (mean over "
-                       f"{len(study.seeds)} seed{'s' if len(study.seeds) > 1 else ''}; dashed: leaks the future)."}
+            "caption": f"Training and validation loss on {task.name}, one line per cell (mean over its runs; "
+                       "dashed: leaks the future)."}
 
 
 # --- ablation bars -------------------------------------------------------------------------------
@@ -161,11 +163,12 @@ def _panels(kind: str, summary: pd.DataFrame) -> list[list[str]]:
     return [p for p in out if p]
 
 
-def _pooled_sig(sig: pd.DataFrame, task: str) -> dict[tuple[str, str], float]:
+def _run_level_q(sig: pd.DataFrame, task: str) -> dict[tuple[str, str], float]:
+    """(cell, metric) -> the Benjamini-Hochberg q of the seed-level test against the baseline."""
     if sig is None or sig.empty:
         return {}
-    rows = sig[(sig["task"] == task) & (sig["seed"].astype(str) == "pooled")]
-    return {(r["cell"], r["metric"]): float(r["p_value"]) for _, r in rows.iterrows()}
+    rows = sig[(sig["task"] == task) & (sig["seed"].astype(str) == RUN_LEVEL) & sig["q_value"].notna()]
+    return {(r["cell"], r["metric"]): float(r["q_value"]) for _, r in rows.iterrows()}
 
 
 def ablation_figure(study, task, summary: pd.DataFrame, sig: pd.DataFrame, colors, outdir: Path) -> dict:
@@ -173,7 +176,7 @@ def ablation_figure(study, task, summary: pd.DataFrame, sig: pd.DataFrame, color
     rows = mask_token_level(study, task, summary[summary["task"] == task.name].set_index("cell")
                             .reindex(list(task.cells)))
     panels = _panels(task.kind, rows)
-    pvals = _pooled_sig(sig, task.name)
+    pvals = _run_level_q(sig, task.name)
     n = len(rows)
     fig, axes = plt.subplots(1, len(panels), figsize=(WIDTH, 1.0 + 0.27 * n * (1.4 if len(panels[0]) > 1 else 1)),
                              sharey=True, squeeze=False)
@@ -195,13 +198,19 @@ def ablation_figure(study, task, summary: pd.DataFrame, sig: pd.DataFrame, color
                            label=display_name(m) if len(metrics) > 1 else None)
             for k, (bar, cell) in enumerate(zip(bars, rows.index)):
                 leaks = _truthy(rows.loc[cell, "leaks_future"])
+                failed = float(rows.loc[cell].get("n_failed", 0) or 0) > 0
                 if leaks:
                     bar.set_hatch("///")
                     bar.set_edgecolor("#b00000")
+                if failed:
+                    bar.set_hatch("xxx")
+                    bar.set_edgecolor("#555555")
+                    bar.set_alpha(0.45)
                 p = pvals.get((cell, m))
                 end = (mean[k] if np.isfinite(mean[k]) else 0) + std[k]
                 xmax = max(xmax, end if np.isfinite(end) else 0)
-                mark = ("\u2020" if p is not None and p < ALPHA else "") + (" leaks" if leaks and j == 0 else "")
+                mark = ("\u2020" if p is not None and p < ALPHA else "") + (" leaks" if leaks and j == 0 else "") \
+                    + (" failed to train" if failed and j == 0 else "")
                 if mark:
                     ax.text(end, y[k] + off, " " + mark, va="center", ha="left", fontsize=7,
                             color="#b00000" if leaks else "#222222")
@@ -219,14 +228,15 @@ def ablation_figure(study, task, summary: pd.DataFrame, sig: pd.DataFrame, color
                       fontsize=7.5)
     axes[0][0].set_yticks(y, labels)
     axes[0][0].invert_yaxis()
-    fig.suptitle(f"{task.name} ({task.kind}): mean \u00b1 std over {len(study.seeds)} seed(s); "
-                 f"\u2020 p < {ALPHA} vs baseline", fontsize=9)
+    fig.suptitle(f"{task.name} ({task.kind}): mean \u00b1 std over runs; "
+                 f"\u2020 q < {ALPHA} vs baseline over runs", fontsize=9)
     name = f"ablation_{safe_name(task.name)}"
     _save(fig, outdir, name)
     return {"name": name, "kind": "ablation", "task": task.name,
             "caption": f"Ablations on {task.name}: mean and standard deviation over seeds; dotted line: the "
-                       f"baseline cell ({task.baseline_cell}); \u2020: significantly "
-                       f"different from the baseline (paired bootstrap, p < {ALPHA}); hatched: leaks the future."}
+                       f"baseline cell ({task.baseline_cell}); \u2020: different from the baseline over training "
+                       f"runs (paired t over seeds, Benjamini-Hochberg q < {ALPHA}); hatched: leaks the future; "
+                       "cross-hatched and faded: a run failed to train."}
 
 
 # --- data size: learning curves ------------------------------------------------------------------
@@ -269,7 +279,7 @@ def learning_curve_figure(study, task, summary: pd.DataFrame, outdir: Path) -> d
     ax.set_xlabel("training rows (nested random subsets)")
     arrow = "\u2191" if higher_is_better(metric) else "\u2193"
     ax.set_ylabel(f"{display_name(metric)} ({arrow} better)")
-    ax.set_title(f"{task.name}: learning curve ({len(study.seeds)} seed(s))")
+    ax.set_title(f"{task.name}: learning curve (mean over runs)")
     name = f"learning_curve_{safe_name(task.name)}"
     _save(fig, outdir, name)
     return {"name": name, "kind": "learning_curve", "task": task.name,

@@ -12,9 +12,10 @@
                         difference to the baseline and its significance
   cost.tex              training cost per task x cell
 
-Conventions in every table: mean +- sample std over seeds; \\dag p < 0.05 and \\ddag p < 0.01
-against the task's baseline (pooled paired bootstrap from significance.csv); the best
-non-leaking value of a column in bold; cells that leak the future marked \\S and never bolded.
+Conventions in every table: mean +- sample std over runs; \\dag q < 0.05 and \\ddag q < 0.01
+against the task's baseline (seed-level paired t, Benjamini-Hochberg; significance.csv's "runs"
+rows); the best non-leaking value of a column in bold; cells that leak the future marked \\S and
+never bolded; cells with a run that failed to train marked with a cross.
 Fragments need booktabs, graphicx, array and (for filtering/cells/cost) longtable in the preamble.
 Every string from the params file or data is LaTeX-escaped.
 """
@@ -28,6 +29,7 @@ import pandas as pd
 
 from ..common import StageError, atomic_dir
 from ..stages import data_paths
+from .aggregate import RUN_LEVEL
 from . import (ALPHA, TABLE_METRICS, display_name, fmt_count, fmt_int, fmt_num, higher_is_better, is_missing,
                latex_escape as esc, latex_tt, mask_token_level, metric_digits, other_tokenizer, primary_metric,
                read_csv, read_json, report_paths, safe_name)
@@ -37,8 +39,12 @@ FITWIDTH = (r"\providecommand{\fitwidth}[1]{\setbox0=\hbox{#1}\ifdim\wd0>\linewi
 LEAK_MARK = r"\textsuperscript{\S}"
 LEAK_NOTE = (r"\S\ leaks the future: a bidirectional model used as a language model sees the token it "
              r"predicts, so its perplexity is not comparable; it is never ranked or set in bold.")
-SIG_NOTE = (r"\dag\ $p<0.05$, \ddag\ $p<0.01$: different from the task's baseline (two-sided paired bootstrap, "
-            r"all seeds pooled).")
+SIG_NOTE = (r"\dag\ $q<0.05$, \ddag\ $q<0.01$: the cell differs from the task's baseline over training runs "
+            r"(paired $t$-test of the per-seed differences, Benjamini--Hochberg over every mark of the study); "
+            r"cells with fewer than 3 paired runs are not marked.")
+FAILED_MARK = r"\textsuperscript{$\times$}"
+FAILED_NOTE = (r"$\times$ failed to train in some runs (validation loss near the unigram level of the training "
+               r"data, non-finite, or diverged): its numbers describe a broken run, not the ablation.")
 
 
 def _arrow(metric: str) -> str:
@@ -135,11 +141,16 @@ class Inputs:
         return primary_metric(task.kind, [c[:-5] for c in rows.columns if c.endswith("_mean") and rows[c].notna().any()])
 
     def p(self, task, cell, metric):
+        """The Benjamini-Hochberg q-value of the cell's seed-level test against the baseline."""
         if self.sig.empty:
             return None
         s = self.sig[(self.sig["task"] == task) & (self.sig["cell"] == cell) & (self.sig["metric"] == metric)
-                     & (self.sig["seed"].astype(str) == "pooled")]
-        return float(s["p_value"].iloc[0]) if len(s) else None
+                     & (self.sig["seed"].astype(str) == RUN_LEVEL)]
+        return float(s["q_value"].iloc[0]) if len(s) and not is_missing(s["q_value"].iloc[0]) else None
+
+    def failed(self, task, cell) -> bool:
+        r = self.summary[(self.summary["task"] == task) & (self.summary["cell"] == cell)]
+        return bool(len(r)) and "n_failed" in r and float(r["n_failed"].iloc[0] or 0) > 0
 
 
 def _best(rows: pd.DataFrame, metric: str):
@@ -346,15 +357,14 @@ def results_table(inp: Inputs, task) -> str:
     rows = inp.rows(task)
     mets = inp.metrics(task)
     best = {m: _best(rows, m) for m in mets}
-    n_seeds = int(rows["n_seeds"].max()) if rows["n_seeds"].notna().any() else 0
     head = ["Cell", "Params"] + [f"{esc(display_name(m))} {_arrow(m)}" for m in mets]
     body = [" & ".join(head) + r" \\", r"\midrule"]
-    any_leak = False
-    any_sig = False
+    any_leak = any_sig = any_failed = False
     for cell, r in rows.iterrows():
-        leaks = _truthy(r["leaks_future"])
+        leaks, failed = _truthy(r["leaks_future"]), inp.failed(task.name, cell)
         any_leak |= leaks
-        label = esc(r["label"]) + (LEAK_MARK if leaks else "")
+        any_failed |= failed
+        label = esc(r["label"]) + (LEAK_MARK if leaks else "") + (FAILED_MARK if failed else "")
         if cell == task.baseline_cell:
             label = rf"\textit{{{label}}} (base)"
         cols = [label, fmt_count(r.get("n_params_mean"))]
@@ -372,13 +382,17 @@ def results_table(inp: Inputs, task) -> str:
             v = base.get(f"lead3_{m}_mean")
             cols.append(fmt_num(v, 2) if not is_missing(v) else "--")
         body += [r"\midrule", " & ".join(cols) + r" \\"]
-    notes = [f"Mean {{\\scriptsize$\\pm$ std}} over {n_seeds} seed{'s' if n_seeds != 1 else ''}; best "
+    runs = sorted({int(x) for x in rows["n_seeds"].dropna()}) or [0]
+    n_runs = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}--{runs[-1]}"
+    notes = [f"Mean {{\\scriptsize$\\pm$ std}} over {n_runs} run{'s' if runs != [1] else ''} per cell (seeds); best "
              "non-leaking value in bold. Test PPL is per BPE token"
              + (_word_note(rows) if task.kind == "lm" else "") + "."]
     if any_sig:
         notes.append(SIG_NOTE)
     if any_leak:
         notes.append(LEAK_NOTE)
+    if any_failed:
+        notes.append(FAILED_NOTE)
     kind = {"translation": "translation", "summarization": "summarisation", "lm": "language modelling"}[task.kind]
     return _table(body, "l" + "r" * (len(mets) + 1),
                   f"Results on {esc(task.name)} ({kind}, dataset {esc(task.dataset)}): every cell of the task.",
@@ -434,7 +448,7 @@ def family_table(inp: Inputs, family: str) -> str:
     head = ["", *[HP_SHORT.get(k, esc(k)) for k in keys], "Params", "Score", r"$\Delta$", "Test PPL", r"$\Delta$"]
     body = [" & ".join(head) + r" \\"]
     ppl_heads: list[str] = []
-    any_leak = any_sig = False
+    any_leak = any_sig = any_failed = False
     for task, cells in groups:
         rows = inp.rows(task)
         score = inp.headline(task)
@@ -452,10 +466,11 @@ def family_table(inp: Inputs, family: str) -> str:
         for c in shown:
             cfg = study.cell(task.name, c)
             r = rows.loc[c]
-            leaks = _truthy(r["leaks_future"])
+            leaks, failed = _truthy(r["leaks_future"]), inp.failed(task.name, c)
             any_leak |= leaks
+            any_failed |= failed
             is_base = c == task.baseline_cell
-            label = ("base" if is_base else esc(cfg.label)) + (LEAK_MARK if leaks else "")
+            label = ("base" if is_base else esc(cfg.label)) + (LEAK_MARK if leaks else "") + (FAILED_MARK if failed else "")
             hp = []
             for k in keys:
                 v, bv = _value(cfg, k, study), _value(base_cfg, k, study)
@@ -477,12 +492,15 @@ def family_table(inp: Inputs, family: str) -> str:
                     cols.append(_delta(delta, d, mark))
             body.append(" & ".join(cols) + r" \\")
     notes = [r"Blank: as in the base model. Mean {\scriptsize$\pm$ std} over seeds; $\Delta$ = cell $-$ base"
-             + (r"; \dag\ $p<0.05$, \ddag\ $p<0.01$ (paired bootstrap)" if any_sig else "") + "."]
+             + (r"; \dag\ $q<0.05$, \ddag\ $q<0.01$ (paired $t$ over runs, Benjamini--Hochberg)" if any_sig else "")
+             + "."]
     if "test_ppl_word" in ppl_heads:
         notes.append("Test PPL is per word for tasks whose cells use another tokenizer model than the base "
                      "(per-token perplexities of different tokenizers are not comparable).")
     if any_leak:
         notes.append(LEAK_NOTE)
+    if any_failed:
+        notes.append(FAILED_NOTE)
     title = family.replace("_", " ")
     return _table(body, "l" + "c" * len(keys) + "rrrrr", f"Ablation family \\emph{{{esc(title)}}}.",
                   f"tab:ablation-{_label_id(family)}", notes)

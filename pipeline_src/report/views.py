@@ -20,6 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..common import StageError, atomic_dir
+from ..seed_plan import run_seeds
 from . import PRIMARY, read_csv, run_paths
 
 CURVES = ("train_loss", "val_loss")
@@ -75,7 +76,7 @@ def _read_log(path: Path) -> pd.DataFrame:
 
 
 def _curve(study, task: str, cell: str, column: str) -> pd.DataFrame:
-    both = pd.concat([_read_log(run_paths(study, task, cell, seed)["log"]) for seed in study.seeds])
+    both = pd.concat([_read_log(run_paths(study, task, cell, seed)["log"]) for seed in run_seeds(study, task, cell)])
     both[column] = pd.to_numeric(both[column], errors="coerce")
     curve = both.dropna(subset=[column]).groupby("step", sort=True)[column].mean()
     return curve.reset_index()

@@ -19,3 +19,43 @@ rule train:
         "../envs/pipeline.yaml"
     shell:
         "{params.cmd} 2> {log}"
+
+
+# A cell's peak lr chosen on validation by short trial runs before its runs (cells with train.lr_grid).
+rule tune:
+    input:
+        stage_inputs("tune"),
+    output:
+        **stage_outputs("tune"),
+    params:
+        cmd=stage_command("tune"),
+        params_hash=stage_params_hash("tune"),
+    resources:
+        gpu=1,
+    log:
+        stage_log("tune", "{task}-{cell}"),
+    benchmark:
+        stage_benchmark("tune", "{task}-{cell}")
+    conda:
+        "../envs/pipeline.yaml"
+    shell:
+        "{params.cmd} 2> {log}"
+
+
+# Adaptive seeds: after the first round, which cells run the seeds beyond it (pipeline_src/seed_plan.py).
+rule plan:
+    input:
+        stage_inputs("plan"),
+    output:
+        **stage_outputs("plan"),
+    params:
+        cmd=stage_command("plan"),
+        params_hash=stage_params_hash("plan"),
+    log:
+        stage_log("plan", "plan"),
+    benchmark:
+        stage_benchmark("plan", "plan")
+    conda:
+        "../envs/pipeline.yaml"
+    shell:
+        "{params.cmd} 2> {log}"

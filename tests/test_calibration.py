@@ -1,0 +1,191 @@
+"""Calibration and power of the claims' verdicts, measured on real training runs.
+
+A demo-scale language-modelling task (the demo's generated grammar corpus, a 1-layer d32
+decoder, 120 steps, ~0.5 s a run) is trained for 12 seeds in six cells: the baseline, four cells
+that differ from it only by noise (another batch order: `train.data_order`, same
+initialisation), and one with a real, planted difference (a lower peak learning rate). Then the
+claims engine (report/claims.py) judges many comparisons drawn from these runs, exactly as a
+study would:
+
+* A/A: a noise cell against another noise cell (or the baseline) on 3 runs each. Any verdict
+  other than "inconclusive" is a false positive; the rate must stay near the nominal 5 %.
+* power: the planted cell against the baseline on 3 runs: how often it is found.
+* adaptive seeds: the same with seeds {min: 3, max: 6} - a first look on 3 runs, the seed plan's
+  decision, and a second look on 6 runs when the plan extends the comparison.
+
+The comparisons reuse runs (12 seeds make 220 triples), so the rates are estimates from
+dependent draws; a simulation with independent normal differences checks the same engine at a
+precision the real runs cannot give. The rates are printed.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from pipeline_src.config import load_study
+from pipeline_src.report import claims as C
+
+SEEDS = list(range(12))
+NOISE = ["baseline", "order_1", "order_2", "order_3", "order_4"]
+PLANTED = "lr_low"
+PARAMS = {
+    "study": "calib", "seeds": SEEDS, "device": "cpu",
+    "datasets": {"grammar": {"kind": "lm", "generator": "grammar", "generator_seed": 3,
+                             "generator_rows": {"train": 3000, "validation": 200, "test": 300}}},
+    "tasks": {"lm": {
+        "kind": "lm", "dataset": "grammar", "filter": {"unit": "words", "min_src_len": 1, "dedup": False},
+        "bpe": {"vocab_size": 120, "character_coverage": 1.0},
+        "model": {"arch": "decoder_only", "d_model": 32, "n_heads": 2, "dec_layers": 1, "enc_layers": 1, "d_ff": 64,
+                  "dropout": 0.0, "max_len": 64},
+        "train": {"max_steps": 120, "batch_tokens": 512, "lr": 1.0e-2, "warmup_steps": 20, "eval_every": 120,
+                  "log_every": 40, "lm_seq_len": 32, "label_smoothing": 0.0},
+        "eval": {"batch_size": 64, "n_samples": 0, "bootstrap": 10},
+        "cells": NOISE + [PLANTED]}},
+    "cells": {"baseline": {"family": "baseline"},
+              **{f"order_{k}": {"family": "noise", "train": {"data_order": k}} for k in range(1, 5)},
+              PLANTED: {"family": "planted", "train": {"lr": 8.0e-3}}},
+}
+
+
+def _claim(cell: str, versus: str, expect: str = "lower") -> dict:
+    return {"c": {"statement": f"{cell} vs {versus}", "source": "test", "compare": [
+        {"task": "lm", "cell": cell, "versus": versus, "metric": "test_ppl_word", "expect": expect}]}}
+
+
+def _study(name: str, claims: dict, seeds=None):
+    params = dict(PARAMS, claims=claims, seeds=seeds or SEEDS)
+    Path(name).write_text(yaml.safe_dump(params, sort_keys=False))
+    return load_study(name)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """72 real training runs and their evaluations (in-process, one thread), as results.csv rows."""
+    import torch
+
+    from pipeline_src import evaluate, train
+    from pipeline_src.bpe import run as bpe
+    from pipeline_src.data.download import run as download
+    from pipeline_src.data.filter import run as filter_
+    from pipeline_src.report.aggregate import collect_results
+
+    root = tmp_path_factory.mktemp("calibration")
+    threads = torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        mp.setenv("PIPELINE_QUIET", "1")
+        mp.setenv("PIPELINE_CPU_THREADS", "1")
+        study = _study("calib.yaml", {})
+        download(study, "grammar")
+        filter_(study, "lm", "default")
+        bpe(study, "lm", "default", None)
+        for cell in NOISE + [PLANTED]:
+            for seed in SEEDS:
+                train.run(study, "lm", cell, seed)
+                evaluate.run(study, "lm", cell, seed)
+        results = collect_results(study)
+        torch.set_num_threads(threads)
+        yield root, results
+
+
+def _verdicts(study, results: pd.DataFrame, subsets) -> list[str]:
+    return [C.evaluate_claims(study, results[results["seed"].isin(s)])["verdict"].iloc[0] for s in subsets]
+
+
+def _triples(rng, n: int):
+    every = list(itertools.combinations(SEEDS, 3))
+    return [every[i] for i in rng.choice(len(every), size=n, replace=False)]
+
+
+def test_runs_trained_and_noise_cells_differ_only_by_noise(runs):
+    _, results = runs
+    assert not results["failed"].any(), results.loc[results["failed"], ["cell", "seed", "failure"]]
+    ppl = results.pivot(index="seed", columns="cell", values="test_ppl_word")
+    # Another batch order moves a run's result (noise), but not systematically.
+    assert (ppl["order_1"] != ppl["baseline"]).all()
+    assert (ppl[PLANTED] > ppl["baseline"]).mean() > 0.9
+
+
+def test_a_a_comparisons_are_calibrated_and_a_planted_effect_is_found(runs, capsys):
+    root, results = runs
+    rng = np.random.default_rng(0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        false, total = 0, 0
+        for i, (a, b) in enumerate(itertools.combinations(NOISE, 2)):
+            study = _study(f"aa{i}.yaml", _claim(b, a))
+            v = _verdicts(study, results, _triples(rng, 60))
+            false += sum(x in ("supported", "contradicted") for x in v)
+            total += len(v)
+        planted = _study("planted.yaml", _claim(PLANTED, "baseline", expect="higher"))
+        found = _verdicts(planted, results, _triples(rng, 100))
+    fpr, power = false / total, found.count("supported") / len(found)
+    with capsys.disabled():
+        print(f"\n[calibration] real runs, 3 runs per cell: A/A verdicts {false}/{total} = {fpr:.1%} "
+              f"(nominal 5 %); planted effect found {found.count('supported')}/{len(found)} = {power:.0%}")
+    assert fpr <= 0.10
+    assert power >= 0.8 and "contradicted" not in found
+
+
+def test_adaptive_seeds_keep_the_error_rate_over_two_looks(runs, capsys):
+    from pipeline_src.report.plan import decide
+
+    root, results = runs
+    rng = np.random.default_rng(1)
+
+    def judge(study, order) -> tuple[str, bool]:
+        first = C.evaluate_claims(study, results[results["seed"].isin(order[:3])])
+        _, extend = decide(study, first)
+        if not extend:
+            return first["verdict"].iloc[0], False
+        return C.evaluate_claims(study, results[results["seed"].isin(order)])["verdict"].iloc[0], True
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        false = total = extended = 0
+        for i, (a, b) in enumerate(itertools.combinations(NOISE, 2)):
+            study = _study(f"seq{i}.yaml", _claim(b, a), seeds={"min": 3, "max": 6})
+            assert study.adaptive_seeds and C.looks(study) == 2
+            for _ in range(40):
+                verdict, more = judge(study, list(rng.permutation(SEEDS)[:6]))
+                false += verdict in ("supported", "contradicted")
+                extended += more
+                total += 1
+        planted = _study("seq_planted.yaml", _claim(PLANTED, "baseline", expect="higher"), seeds={"min": 3, "max": 6})
+        found = [judge(planted, list(rng.permutation(SEEDS)[:6]))[0] for _ in range(60)]
+    fpr, power = false / total, found.count("supported") / len(found)
+    with capsys.disabled():
+        print(f"[calibration] real runs, adaptive seeds 3 -> 6: A/A verdicts {false}/{total} = {fpr:.1%} "
+              f"({extended} comparisons extended); planted effect found {power:.0%}")
+    assert fpr <= 0.10 and power >= 0.8
+
+
+def test_simulated_a_a_with_independent_comparisons(capsys):
+    """Normal per-seed differences, independent A/A comparisons (10,000 with 3 runs, 5,000 with
+    adaptive seeds), through the
+    engine's decision for one comparison (claims.judge_alone) and the seed plan's rule."""
+    from pipeline_src.report.plan import extends
+
+    rng = np.random.default_rng(2)
+    trials = 10_000
+    base = rng.normal(100.0, 5.0, (trials, 6))
+    cell = base + rng.normal(0.0, 1.0, (trials, 6))  # a cell's run shares its seed's init with the baseline's
+    fixed = [C.judge_alone("lower", c[:3], b[:3], runs_needed=False)["verdict"] for c, b in zip(cell, base)]
+    adaptive = []
+    for c, b in zip(cell[:5000], base[:5000]):
+        first = C.judge_alone("lower", c[:3], b[:3], n_looks=2)
+        if extends(first["verdict"], first["runs_needed"], 6):
+            first = C.judge_alone("lower", c, b, n_looks=2)
+        adaptive.append(first["verdict"])
+    rates = {name: sum(v in ("supported", "contradicted") for v in verdicts) / len(verdicts)
+             for name, verdicts in (("fixed, 3 runs", fixed), ("adaptive 3 -> 6", adaptive))}
+    with capsys.disabled():
+        print("[calibration] simulated A/A (normal differences): "
+              + ", ".join(f"{k}: {v:.2%}" for k, v in rates.items()) + " (nominal 5 %)")
+    assert 0.043 <= rates["fixed, 3 runs"] <= 0.057  # calibrated: about alpha (3 standard errors)
+    assert rates["adaptive 3 -> 6"] <= 0.055
