@@ -47,6 +47,11 @@ def job_compute(study: Study, task: str, cell_name: str) -> tuple[float, float]:
         per_step = t.batch_tokens * min(1.0, t.max_tgt_len / max(t.max_src_len, 1))
         fpt = flops_per_token(mcfg, t.max_src_len, t.max_tgt_len)
     tokens = float(t.max_steps * t.grad_accum * per_step)
+    if t.max_target_tokens is not None:  # per_step counts target tokens, so the budget bounds them
+        tokens = min(tokens, float(t.max_target_tokens))
+    # the tune stage's trials, once per cell: spread over the seeds of the first round
+    trials = len(t.lr_grid or ()) * (t.lr_tune_steps or t.max_steps) * t.grad_accum * per_step
+    tokens += trials / max(1, len(study.first_seeds))
     return tokens, 3 * fpt * tokens
 
 
@@ -80,12 +85,18 @@ def summary(study: Study) -> str:
         if not cells:
             continue
         runs = [job_compute(study, name, c) for c in cells]
-        tokens = sum(r[0] for r in runs) * len(study.seeds)
-        flops = sum(r[1] for r in runs) * len(study.seeds)
+        seeds = len(study.first_seeds)  # adaptive seeds: the first round (the plan decides the rest)
+        tokens = sum(r[0] for r in runs) * seeds
+        flops = sum(r[1] for r in runs) * seeds
         total_tokens, total_flops = total_tokens + tokens, total_flops + flops
         what = {1: " (screening stage one)", 2: " (screening stage two, if promoted)"}.get(task.stage, "")
-        lines.append(f"  {name}{what}: {len(cells)} cells x {len(study.seeds)} seeds, "
+        lines.append(f"  {name}{what}: {len(cells)} cells x {seeds} seeds, "
                      f"{tokens:.3g} training tokens, {flops:.3g} FLOPs")
+    if study.adaptive_seeds:
+        extra = len(study.seeds) - len(study.first_seeds)
+        lines.append(f"  adaptive seeds: the plan may add {extra} seed{'s' if extra != 1 else ''} to the cells of "
+                     f"unsettled claim comparisons (not counted above; each added cell costs {extra}/"
+                     f"{len(study.first_seeds)} of its first round)")
     text = f"estimated training compute (upper bound: max_steps, no early stopping): " \
            f"{total_tokens:.3g} tokens, {total_flops:.3g} FLOPs"
     if study.device in ("cuda", "auto"):
@@ -103,7 +114,7 @@ def summary(study: Study) -> str:
         if layout_path(study).is_file():  # a study that runs in parts: its wall time, part by part
             text += "\n" + predict_parts(study)["text"]
     if study.device in ("cpu", "auto"):
-        text += "\n" + cpu_line(total_flops, len(study.seeds) * sum(len(study.own_cells(n)) for n in study.all_tasks))
+        text += "\n" + cpu_line(total_flops, len(study.first_seeds) * sum(len(study.own_cells(n)) for n in study.all_tasks))
     return "\n".join([text, *lines])
 
 
