@@ -37,7 +37,9 @@ BUDGET_FREE_METRICS = ("tokens_per_s", "s_per_mtok", "mfu", "peak_mem_mb")
 # Metrics a reference may quote: any evaluation metric of the task kind.
 REFERENCE_METRICS = {
     "translation": ("bleu", "chrf", "test_ppl", "val_ppl", "test_loss", "val_loss"),
-    "summarization": ("rouge1", "rouge2", "rougeLsum", "test_ppl", "val_ppl", "test_loss", "val_loss"),
+    # (lead3_*: the Lead-3 baseline scored on the same test rows, for a published Lead-3)
+    "summarization": ("rouge1", "rouge2", "rougeLsum", "lead3_rouge1", "lead3_rouge2", "lead3_rougeLsum", "test_ppl",
+                      "val_ppl", "test_loss", "val_loss"),
     "lm": ("test_ppl_word", "val_ppl_word", "test_ppl", "val_ppl", "test_loss", "val_loss"),
 }
 EXPECTATIONS = ("higher", "lower", "equal")

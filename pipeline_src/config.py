@@ -119,6 +119,10 @@ class FilterConfig:
     sample_size: int | None = None
     sample_seed: int = 0
     splits_to_filter: tuple[str, ...] = ("train",)
+    # {validation: N, test: N}: a uniform random subset of that many rows of an evaluation split
+    # (kept in corpus order; the same rows for every cell and for Lead-3), for splits too large to
+    # evaluate in the time at hand. Not for lm tasks, whose splits are evaluated whole.
+    sample_eval: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,7 @@ class DatasetConfig:
     splits: dict = field(default_factory=lambda: {s: s for s in SPLITS})
     fields: dict = field(default_factory=dict)
     text_format: str = "plain"
+    processing: str = ""  # e.g. "tokenised and lower-cased (See et al. 2017)": printed beside its scores
     # lm only: the published per-word count of a split (whitespace tokens + one <eos> per line),
     # checked against the raw split at download, e.g. {test: 245569} for WikiText-2.
     expected_words: dict = field(default_factory=dict)
@@ -722,8 +727,14 @@ def _check_dataset(where: str, ds: DatasetConfig) -> None:
         if missing:
             raise ConfigError(f"{key}.generator_rows: needs a row count for train, validation and test "
                               f"(missing: {', '.join(missing)})")
+    if ds.kind != "lm" and ds.text_format == "wikitext":
+        raise ConfigError(f"{key}.text_format: wikitext only applies to a language-modelling (kind: lm) dataset, "
+                          f"this one is {ds.kind}")
+    if ds.kind != "summarization" and ds.text_format == "tokenized":
+        raise ConfigError(f"{key}.text_format: tokenized only applies to a summarization dataset (it sets how "
+                          f"ROUGE-Lsum and Lead-3 split sentences), this one is {ds.kind}")
     if ds.kind != "lm":
-        for k, v in (("text_format", ds.text_format != "plain"), ("expected_words", bool(ds.expected_words))):
+        for k, v in (("expected_words", bool(ds.expected_words)),):
             if v:
                 raise ConfigError(f"{key}.{k}: only applies to a language-modelling (kind: lm) dataset, "
                                   f"this one is {ds.kind}")
@@ -739,6 +750,9 @@ def _check_filter(where: str, task: TaskConfig, ds: DatasetConfig) -> None:
     if f.drop_headings and ds.text_format != "wikitext":
         raise ConfigError(f"{key}.drop_headings: needs datasets.{ds.name}.text_format: wikitext "
                           f"(it is {ds.text_format})")
+    if task.kind == "lm" and f.sample_eval:
+        raise ConfigError(f"{key}.sample_eval: the evaluation splits of an lm task are evaluated whole (per-word "
+                          "perplexities are published over every line); drop it")
     if task.kind == "lm":
         evaluated = [s for s in f.splits_to_filter if s != "train"]
         if evaluated:

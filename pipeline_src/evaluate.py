@@ -225,17 +225,20 @@ def seq2seq_evaluation(study: Study, task: str, cell_name: str, seed: int, model
                       chrf_signature=chrf["signature"])
         files = {"hyps.txt": _lines(hyps), "refs.txt": _lines(refs), "srcs.txt": _lines(srcs)}
     else:
-        result_rouge, files = _summary_scores(hyps, refs, srcs, ev.bootstrap, seed)
+        tokenized = study.datasets[study.task(task).dataset].text_format == "tokenized"
+        result_rouge, files = _summary_scores(hyps, refs, srcs, ev.bootstrap, seed, tokenized)
         result.update(result_rouge)
     samples = [{"source": s, "reference": r, "hypothesis": h} for s, r, h in zip(srcs, refs, hyps)][: ev.n_samples]
     return result, per_example, samples, files
 
 
-def _summary_scores(hyps: list[str], refs: list[str], srcs: list[str], n_boot: int, seed: int) -> tuple[dict, dict]:
-    """ROUGE of the summaries and of the lead-3 baseline on the same articles, and the files."""
-    scores, per = metrics.rouge(hyps, refs, n_boot=n_boot, seed=seed)
-    lead = [metrics.lead3(s) for s in srcs]
-    lead_scores, lead_per = metrics.rouge(lead, refs, n_boot=n_boot, seed=seed)
+def _summary_scores(hyps: list[str], refs: list[str], srcs: list[str], n_boot: int, seed: int,
+                    tokenized: bool = False) -> tuple[dict, dict]:
+    """ROUGE of the summaries and of the lead-3 baseline on the same articles, and the files.
+    tokenized: the dataset's text is PTB-tokenised (sentences end at standalone . ! ? tokens)."""
+    scores, per = metrics.rouge(hyps, refs, n_boot=n_boot, seed=seed, tokenized=tokenized)
+    lead = [metrics.lead3(s, tokenized) for s in srcs]
+    lead_scores, lead_per = metrics.rouge(lead, refs, n_boot=n_boot, seed=seed, tokenized=tokenized)
     result = dict(scores)
     result.update({f"lead3_{k}": v for k, v in lead_scores.items() if not k.endswith("_ci")})
     files = {

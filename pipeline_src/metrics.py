@@ -132,17 +132,43 @@ _ABBREVIATIONS = {
 _BOUNDARY = re.compile(r"""[.!?]['"\u2019\u201d)\]]*(?P<gap>\s+)(?=["'\u2018\u201c(\[]?[A-Z0-9])""")
 
 
-def split_sentences(text: str) -> list[str]:
+# Tokenised text (PTB style, e.g. See et al.'s CNN/DailyMail): a sentence ends at a standalone
+# . ! ? token, with the closing quotes or brackets that follow it.
+_END_TOKENS = {".", "!", "?"}
+_CLOSING_TOKENS = {"''", "'", "\"", ")", "-rrb-", "]"}
+
+
+def _split_tokenized(line: str) -> list[str]:
+    sentences, current = [], []
+    tokens = line.split()
+    for i, tok in enumerate(tokens):
+        current.append(tok)
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        if (tok in _END_TOKENS or (tok in _CLOSING_TOKENS and current[-2:-1] and current[-2] in _END_TOKENS)) \
+                and nxt not in _CLOSING_TOKENS:
+            sentences.append(" ".join(current))
+            current = []
+    if current:
+        sentences.append(" ".join(current))
+    return sentences
+
+
+def split_sentences(text: str, tokenized: bool = False) -> list[str]:
     """Split text into sentences with a small regex (no model, no downloaded data).
 
     Every non-empty line is split on its own, so text that already has one sentence per line
     ("\\n"-joined, e.g. CNN/DailyMail highlights) keeps exactly those sentences; a boundary
     inside a line is end punctuation + whitespace + a capital/digit/opening quote, except
-    after a known abbreviation (Mr., Dr., U.S., ...) or a single initial ("J. Smith")."""
+    after a known abbreviation (Mr., Dr., U.S., ...) or a single initial ("J. Smith").
+    tokenized: the text is PTB-tokenised (and possibly lower-cased, so no capitals mark a
+    start): a sentence ends at a standalone . ! ? token and the closing quotes after it."""
     sentences: list[str] = []
     for line in text.splitlines():
         line = line.strip()
         if not line:
+            continue
+        if tokenized:
+            sentences += _split_tokenized(line)
             continue
         start = 0
         for m in _BOUNDARY.finditer(line):
@@ -162,16 +188,17 @@ def split_sentences(text: str) -> list[str]:
     return sentences
 
 
-def lead3(article: str) -> str:
+def lead3(article: str, tokenized: bool = False) -> str:
     """The Lead-3 baseline summary: the article's first three sentences, one per line."""
-    return "\n".join(split_sentences(article)[:3])
+    return "\n".join(split_sentences(article, tokenized)[:3])
 
 
-def _sentence_lines(text: str) -> str:
-    return "\n".join(split_sentences(text))
+def _sentence_lines(text: str, tokenized: bool = False) -> str:
+    return "\n".join(split_sentences(text, tokenized))
 
 
-def rouge(hyps: list[str], refs: list[str], n_boot: int = 1000, seed: int = 0) -> tuple[dict, list[dict]]:
+def rouge(hyps: list[str], refs: list[str], n_boot: int = 1000, seed: int = 0,
+          tokenized: bool = False) -> tuple[dict, list[dict]]:
     """ROUGE-1/2/Lsum F1 x 100 with stemming, and a 95 % bootstrap interval of each mean.
 
     Returns (summary, per_example): summary = {"rouge1": mean, ..., "rouge1_ci": [lo, hi], ...},
@@ -187,7 +214,7 @@ def rouge(hyps: list[str], refs: list[str], n_boot: int = 1000, seed: int = 0) -
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
     per_example = []
     for hyp, ref in zip(hyps, refs):
-        s = scorer.score(_sentence_lines(ref), _sentence_lines(hyp))
+        s = scorer.score(_sentence_lines(ref, tokenized), _sentence_lines(hyp, tokenized))
         per_example.append({k: float(s[k].fmeasure * 100.0) for k in ROUGE_TYPES})
     summary: dict = {}
     rng = np.random.default_rng(seed)

@@ -536,6 +536,28 @@ def test_sampling_and_splits_to_filter(tmp_path, monkeypatch):
     assert pq.read_table(out / "train.parquet").column("src").to_pylist() == first["train"]
 
 
+def test_sample_eval_keeps_a_fixed_random_subset_of_an_evaluation_split(tmp_path, monkeypatch):
+    """`sample_eval: {test: N}`: N random test rows, the same every time, in corpus order (not the
+    first N: a corpus ordered by source would bias a prefix); train untouched; source text counted."""
+    rows = {s: [{"en": f"w{i} {s}", "de": f"v{i}"} for i in range(n)] for s, n in
+            (("train", 60), ("validation", 50), ("test", 40))}
+    write_mirror(tmp_path / "mirror", "toy", rows)
+    monkeypatch.chdir(tmp_path)
+    study = toy_study(tmp_path, filter_cfg={"sample_eval": {"test": 10}})
+    download.run(study, "toy")
+    filt.run(study, "toy_mt")
+    out = tmp_path / "data/toy/filtered/toy_mt/default"
+    stats = json.loads((out / "stats.json").read_text())
+    rule = next(r for r in stats["rules"] if r["rule"] == "sample_eval (test)")
+    assert (rule["before"], rule["after"]) == (40, 10) and rule["src_units_before"] == 80
+    assert rule["src_units_after"] == 20 and stats["rows"] == {"train": 60, "validation": 50, "test": 10}
+    test = [int(x.split()[0][1:]) for x in pq.read_table(out / "test.parquet").column("src").to_pylist()]
+    assert test == sorted(test) and test != list(range(10))
+    filt.run(study, "toy_mt")
+    again = [int(x.split()[0][1:]) for x in pq.read_table(out / "test.parquet").column("src").to_pylist()]
+    assert again == test
+
+
 def test_nested_fields_and_ids(tmp_path, monkeypatch):
     """IWSLT-style rows {"translation": {"de", "en"}} and a kept `id` column."""
     rows = {s: [{"id": f"{s}{i}", "translation": {"de": f"hallo {i}", "en": f"hello {i}"}} for i in range(5)]

@@ -127,6 +127,22 @@ def test_split_sentences_and_lead3():
     assert metrics.split_sentences("line one\n\nline two.") == ["line one", "line two."]
 
 
+def test_tokenized_lower_cased_text_splits_at_sentence_final_tokens():
+    """See et al.'s CNN/DailyMail: PTB tokens, lower-cased (no capital marks a start), closing
+    quotes after the full stop, abbreviations kept whole."""
+    article = ("marseille , france ( cnn ) the prosecutor said he was not aware of any video . "
+               "robin told cnn that \" so far no videos were used . '' he added . u.s. officials left at 5 p.m. "
+               "! and then ?")
+    assert metrics.split_sentences(article, tokenized=True) == [
+        "marseille , france ( cnn ) the prosecutor said he was not aware of any video .",
+        "robin told cnn that \" so far no videos were used . ''", "he added .",
+        "u.s. officials left at 5 p.m. !", "and then ?"]
+    assert metrics.lead3(article, tokenized=True).count("\n") == 2
+    assert len(metrics.split_sentences(article)) == 1  # the plain splitter needs capitals: one sentence
+    s, _ = metrics.rouge(["he added . robin told cnn ."], ["robin told cnn .\nhe added ."], n_boot=0, tokenized=True)
+    assert s["rougeLsum"] == pytest.approx(100.0)
+
+
 def test_perplexity_equals_exp_mean_token_nll():
     import torch
     import torch.nn.functional as F

@@ -20,7 +20,10 @@ Per split, in this order:
     clean-corpus-n / fairseq: drop when len(src)/len(tgt) or len(tgt)/len(src) > max_ratio),
     `dedup` (exact duplicate (src, tgt) pairs, first kept), `sample_fraction` then
     `sample_size` (uniform without replacement, seeded by `sample_seed` and the split; smaller
-    samples are nested in larger ones; the kept rows stay in corpus order).
+    samples are nested in larger ones; the kept rows stay in corpus order);
+  * validation and test, translation/summarization: `sample_eval: {validation: N, test: N}` keeps
+    a uniform random subset of N rows (corpus order kept), the rows every cell and the Lead-3
+    baseline are scored on.
 A cell may override any of these (`cells.<c>.filter`, e.g. a data-size ablation); each distinct
 override is one filter variant, data/<study>/filtered/<task>/<variant>/.
 Field mapping and length counting run as a batched `datasets.map` (worker processes only
@@ -76,22 +79,25 @@ def _lines_batch(batch, unit: str, wikitext: bool):
 
 
 class _Rules:
-    """Sequential row rules over one split: a keep-mask plus before/after counts."""
+    """Sequential row rules over one split: a keep-mask plus before/after counts of rows and of
+    source length units (words or characters: how much text a length cut removes)."""
 
-    def __init__(self, task: str, dataset: str, split: str, origin: str, n: int):
+    def __init__(self, task: str, dataset: str, split: str, origin: str, n: int, src_len: np.ndarray):
         self.task, self.dataset, self.split, self.origin = task, dataset, split, origin
         self.keep = np.ones(n, dtype=bool)
+        self.src_len = src_len
         self.records: list[dict] = []
 
     def apply(self, rule: str, drop: np.ndarray | None = None, keep: np.ndarray | None = None,
               hint: str = "") -> None:
-        before = int(self.keep.sum())
+        before, units_before = int(self.keep.sum()), int(self.src_len[self.keep].sum())
         if drop is not None:
             self.keep &= ~drop
         if keep is not None:
             self.keep &= keep
         after = int(self.keep.sum())
-        self.records.append({"split": self.split, "rule": rule, "before": before, "after": after})
+        self.records.append({"split": self.split, "rule": rule, "before": before, "after": after,
+                             "src_units_before": units_before, "src_units_after": int(self.src_len[self.keep].sum())})
         if after == 0:
             raise StageError(f"filter {self.task}: dataset {self.dataset}: split {self.split}: file {self.origin}: "
                              f"rule {rule} removed every row ({before} -> 0){hint}")
@@ -115,6 +121,19 @@ def _sample(rules: _Rules, cfg, split: str, hint) -> None:
         chosen = np.zeros_like(rules.keep)
         chosen[order[:k]] = True
         rules.apply(rule, keep=chosen, hint=hint(rule))
+
+
+def _sample_eval(rules: _Rules, cfg, split: str) -> None:
+    """A uniform random subset of `sample_eval[split]` rows of an evaluation split, in corpus
+    order (a fixed order that depends only on sample_seed and the split, as _sample's)."""
+    idx = np.flatnonzero(rules.keep)
+    size = cfg.sample_eval[split]
+    if size >= len(idx):
+        return
+    rng = np.random.default_rng([cfg.sample_seed, 1000 + (SPLITS.index(split) if split in SPLITS else 99)])
+    chosen = np.zeros_like(rules.keep)
+    chosen[idx[rng.permutation(len(idx))[:size]]] = True
+    rules.apply(f"sample_eval ({split})", keep=chosen)
 
 
 def _dedup_mask(data, columns: list[str], keep: np.ndarray) -> np.ndarray:
@@ -162,12 +181,12 @@ def filter_split(table, *, task: str, dataset: str, kind: str, split: str, origi
                 desc=f"filter {task} {split}")
     data = ds.data.table
     n = data.num_rows
-    rules = _Rules(task, dataset, split, origin, n)
+    src_len = data.column("src_len").to_numpy()
+    rules = _Rules(task, dataset, split, origin, n, src_len)
 
     def hint(key: str) -> str:
         return f"; loosen tasks.{task}.filter.{key}"
 
-    src_len = data.column("src_len").to_numpy()
     if kind == "lm":
         rules.records.append({"split": split, "rule": "split_lines", "before": n_raw, "after": n})
         # Validation and test (never in an lm task's splits_to_filter, see config) keep every line.
@@ -197,6 +216,8 @@ def filter_split(table, *, task: str, dataset: str, kind: str, split: str, origi
             rules.apply("dedup", drop=_dedup_mask(data, keys, rules.keep), hint=hint("dedup"))
         if cfg.sample_fraction < 1.0 or cfg.sample_size is not None:
             _sample(rules, cfg, split, hint)
+    if split in cfg.sample_eval:
+        _sample_eval(rules, cfg, split)
     out_cols = ["text"] if kind == "lm" else ["src", "tgt"] + (["id"] if "id" in data.column_names else [])
     kept = pa.array(np.flatnonzero(rules.keep))
     return data.select(out_cols).take(kept), rules.records

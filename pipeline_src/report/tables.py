@@ -182,6 +182,7 @@ def _source(ds) -> str:
 
 def datasets_table(study) -> str:
     body = [r"Task & Kind & Dataset & Source & Train & Val. & Test & Vocab. & Train tokens \\", r"\midrule"]
+    notes = []
     for task in study.tasks.values():
         fs, bs = _stats(study, "filter", task.name), _stats(study, "bpe", task.name)
         rows = bs.get("sequences") or fs.get("rows") or {}
@@ -189,15 +190,21 @@ def datasets_table(study) -> str:
         tok = sum(v for v in tokens.values() if isinstance(v, (int, float)))
         ds = study.datasets[task.dataset]
         source = esc(_source(ds)) if ds.generator else latex_tt(_source(ds))
+        if ds.processing:
+            source += f"$^{{{len(notes) + 1}}}$"
+            notes.append(f"$^{{{len(notes) + 1}}}$ {esc(ds.name)}: {esc(ds.processing)}")
         body.append(" & ".join([esc(task.name), esc(task.kind), esc(ds.name, breakable=True), source,
                                 fmt_int(rows.get("train")), fmt_int(rows.get("validation")), fmt_int(rows.get("test")),
                                 fmt_int(bs.get("vocab_size")), fmt_count(tok) if tok else "--"]) + r" \\")
     return _table(body, r"llp{2.4cm}>{\raggedright\arraybackslash}p{3.4cm}rrrrr", "Datasets: examples per split after filtering (and the BPE stage's "
                   "token-length cuts), shared BPE vocabulary size and training-set BPE tokens (all sides).",
-                  "tab:datasets")
+                  "tab:datasets", notes)
 
 
 def _rule_label(task, rule: str) -> str:
+    if rule.startswith("sample_eval ("):  # "sample_eval (test)": a random subset of an evaluation split
+        split = rule[len("sample_eval ("):-1]
+        return f"sample_eval.{split} = {task.filter.sample_eval.get(split, '?')} rows"
     value = getattr(task.filter, rule, None) if hasattr(task.filter, rule) else getattr(task.bpe, rule, None)
     if isinstance(value, bool) or value is None:
         return rule
@@ -208,7 +215,7 @@ def _rule_label(task, rule: str) -> str:
 
 
 def filtering_table(study) -> str:
-    header = r"Task & Split & Rule & Before & After & Removed \\"
+    header = r"Task & Split & Rule & Before & After & Removed & Source text kept \\"
     body = []
     for i, task in enumerate(study.tasks.values()):
         fs, bs = _stats(study, "filter", task.name), _stats(study, "bpe", task.name)
@@ -217,7 +224,7 @@ def filtering_table(study) -> str:
         if i:
             body.append(r"\midrule")
         if not rules:
-            body.append(rf"{esc(task.name)} & \multicolumn{{5}}{{l}}{{no rules applied}} \\")
+            body.append(rf"{esc(task.name)} & \multicolumn{{6}}{{l}}{{no rules applied}} \\")
             continue
         for j, r in enumerate(rules):
             before, after = r.get("before"), r.get("after")
@@ -227,11 +234,16 @@ def filtering_table(study) -> str:
             rule = _rule_label(task, str(r.get("rule", "?")))
             if r["stage"] == "bpe":
                 rule = "BPE: " + rule
+            units_before, units_after = r.get("src_units_before"), r.get("src_units_after")
+            kept = "--"
+            if isinstance(units_before, (int, float)) and units_before:
+                kept = fmt_count(units_after) + f" ({100 * units_after / units_before:.1f}\\%)"
             body.append(" & ".join([esc(task.name) if j == 0 else "", esc(r.get("split", "")), esc(rule, breakable=True),
-                                    fmt_int(before), fmt_int(after), removed]) + r" \\")
-    return _longtable(header, body, r"ll>{\raggedright\arraybackslash}p{5.6cm}rrr", "Filtering: rows before and after every rule, in the "
-                      "order applied (length rules count " + esc(", ".join(sorted({t.filter.unit for t in study.tasks.values()})))
-                      + "; BPE rules count tokens).", "tab:filtering", 6)
+                                    fmt_int(before), fmt_int(after), removed, kept]) + r" \\")
+    units = esc(", ".join(sorted({t.filter.unit for t in study.tasks.values()})))
+    return _longtable(header, body, r"ll>{\raggedright\arraybackslash}p{4.6cm}rrrr", "Filtering: rows before and after every "
+                      f"rule, in the order applied (length rules count {units}; BPE rules count tokens), and the source "
+                      f"text ({units}) a rule keeps of what reached it.", "tab:filtering", 7)
 
 
 # --- configuration -------------------------------------------------------------------------------
@@ -377,7 +389,7 @@ def results_table(inp: Inputs, task) -> str:
         body.append(" & ".join(cols) + r" \\")
     if task.kind == "summarization":
         base = rows.loc[task.baseline_cell] if task.baseline_cell in rows.index else rows.iloc[0]
-        cols = [r"\textit{Lead-3 (first three sentences)}", "--"]
+        cols = [r"\textit{Lead-3 (first three sentences, same test rows)}", "--"]
         for m in mets:
             v = base.get(f"lead3_{m}_mean")
             cols.append(fmt_num(v, 2) if not is_missing(v) else "--")
@@ -387,6 +399,8 @@ def results_table(inp: Inputs, task) -> str:
     notes = [f"Mean {{\\scriptsize$\\pm$ std}} over {n_runs} run{'s' if runs != [1] else ''} per cell (seeds); best "
              "non-leaking value in bold. Test PPL is per BPE token"
              + (_word_note(rows) if task.kind == "lm" else "") + "."]
+    if task.kind == "summarization":
+        notes.append(_rouge_note(inp.study.datasets[task.dataset]))
     if any_sig:
         notes.append(SIG_NOTE)
     if any_leak:
@@ -397,6 +411,17 @@ def results_table(inp: Inputs, task) -> str:
     return _table(body, "l" + "r" * (len(mets) + 1),
                   f"Results on {esc(task.name)} ({kind}, dataset {esc(task.dataset)}): every cell of the task.",
                   f"tab:results-{_label_id(task.name)}", notes)
+
+
+def _rouge_note(ds) -> str:
+    """How ROUGE was computed, and on what text: beside every table of ROUGE scores."""
+    split = ("sentences split at standalone . ! ? tokens (the text is tokenised)" if ds.text_format == "tokenized"
+             else "sentences split by a regular expression")
+    text = (f"ROUGE-1/2/Lsum F1 $\\times$100 by rouge-score with Porter stemming; ROUGE-Lsum over {split}, the "
+            "references one highlight per line")
+    if ds.processing:
+        text += f". References and articles: {esc(ds.processing)}"
+    return text + "."
 
 
 def _changed_keys(study, task, cells) -> list[str]:
