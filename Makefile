@@ -12,7 +12,7 @@ MIRROR := workflow/studies/mirror/params.yaml
 GPU_STUDY := workflow/studies/gpu/params.yaml
 CPU_STUDY := workflow/studies/cpu/params.yaml
 
-.PHONY: install system-deps demo mirror cpu-study gpu-plan gpu-report full slurm cluster-test test bench bundle dvc-yaml lint clean
+.PHONY: install system-deps demo mirror cpu-study gpu-plan gpu-report full slurm cluster-test test bench bundle dvc-yaml exp-show lint clean
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -73,8 +73,12 @@ cluster-test: install
 	eval "$$(tests/cluster/slurm_up.sh)" && trap tests/cluster/slurm_down.sh EXIT && \
 	  tests/cluster/check_slurm.sh && tests/cluster/check_dvc_remote.sh
 
+# Two test processes share the cores (pytest-xdist, one file per worker so module fixtures are built
+# once); tests marked serial (kill or signal runs at random moments, time them, or print what they
+# measure) run afterwards on their own.
 test: install
-	PIPELINE_QUIET=1 pytest -q tests
+	PIPELINE_QUIET=1 pytest -q -n 2 --dist loadfile -m "not serial" tests
+	PIPELINE_QUIET=1 pytest -q -m serial tests
 
 # What a GPU node without internet needs, packed for it (README "On a GPU node without internet").
 bundle: install
@@ -90,8 +94,15 @@ dvc-yaml: install
 	python -m pipeline_src dvc-yaml --params $(GPU_STUDY)
 	python -m pipeline_src dvc-yaml --params $(CPU_STUDY)
 
+# DVC's experiments table for one study (PARAMS, default params.yaml), cut to what compares its
+# cells: each cell's headline metric and the cell settings that differ (pipeline_src/exp_show.py).
+# More options for dvc exp show in EXP (e.g. EXP="-A --md").
+exp-show: install
+	@python -m pipeline_src exp-show --params $(PARAMS) $(EXP)
+
 lint: install
 	snakemake --lint
 
 clean:
 	rm -rf data reports/*/ logs .snakemake
+	git checkout -q -- reports   # what git keeps there: the reference copies, what DVC shows of each study

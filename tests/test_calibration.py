@@ -30,6 +30,9 @@ import yaml
 from pipeline_src.config import load_study
 from pipeline_src.report import claims as C
 
+# serial: run in the main pytest process, so that the rates it prints reach the terminal
+# (pytest-xdist workers' output does not)
+pytestmark = pytest.mark.serial
 SEEDS = list(range(12))
 NOISE = ["baseline", "order_1", "order_2", "order_3", "order_4"]
 PLANTED = "lr_low"

@@ -11,6 +11,9 @@ import torch
 from pipeline_src import preemption
 from test_train import _clear, _env, _outputs, _prepare_data, _train_cmd, _weights, _write_params
 
+# serial: signals at random moments and a 5-second job budget (Makefile `test` runs these alone)
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def signal_dir(tmp_path_factory):

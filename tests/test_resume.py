@@ -22,7 +22,8 @@ BIN = Path(sys.executable).parent
 PARAMS = "workflow/studies/tiny/params.yaml"
 CMD = [str(BIN / "snakemake"), "--cores", "2", "--config", f"params={PARAMS}"]
 
-pytestmark = pytest.mark.slow
+# serial: kills a run at random moments and times a live lock (Makefile `test` runs these alone)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def _env(repo):

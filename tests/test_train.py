@@ -23,6 +23,8 @@ from project_copy import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml"
+# serial: SIGKILL at random moments and two DDP processes (Makefile `test` runs these alone)
+pytestmark = pytest.mark.serial
 
 
 def _env(**extra):
