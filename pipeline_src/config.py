@@ -409,6 +409,10 @@ def _schema_errors(raw: dict, where: str, part: str = "") -> None:
         patterns = [re.compile(p) for p in err.schema.get("patternProperties", {})]
         extra = sorted(k for k in set(err.instance) - set(err.schema.get("properties", {}))
                        if not any(p.search(k) for p in patterns))
+        if len(path) == 2 and path[0] == "sweeps" and extra and "." in extra[0]:  # the flat form: model.n_heads
+            section, setting = extra[0].split(".", 1)
+            raise ConfigError(f"{where}: {_key(path)}: {extra[0]!r}: write it nested, {section}: {{{setting}: [...]}} "
+                              "(dvc exp run -S reads a dot as nesting)")
         raise ConfigError(f"{where}: {_key(path + extra[:1])}: unknown key")
     if err.validator == "required":
         missing = err.message.split("'")[1] if "'" in err.message else "?"
@@ -517,30 +521,35 @@ def _sweep_value_name(v) -> str:
 
 def expand_sweeps(raw: dict, where: str) -> dict[str, tuple[str, dict]]:
     """`sweeps:` -> {cell name: (sweep name, cell dict)}, one cell per value of the axis, or per
-    combination of values for several axes (their product, in file order). A cell is named
-    `<sweep>_<value>[_<value>...]` unless the sweep gives a `name` template; its label is
-    `<setting> <value>, ...` unless it gives a `label` template. Templates use the settings'
-    names, e.g. "{n_heads} heads"."""
+    combination of values for several axes (their product, in file order). Settings are nested
+    under their section, as in a cell (`model: {n_heads: [1, 2, 4]}`), so that DVC addresses
+    each one (`dvc exp run -S sweeps.heads.model.n_heads=...`): a list is an axis, a single
+    value a setting every cell of the sweep shares. A cell is named `<sweep>_<value>[_<value>...]`
+    (axes only) unless the sweep gives a `name` template; its label is `<setting> <value>, ...`
+    unless it gives a `label` template. Templates use the settings' names, e.g. "{n_heads} heads"."""
     import itertools
 
     out: dict[str, tuple[str, dict]] = {}
     for sweep, spec in (raw.get("sweeps") or {}).items():
         key = f"sweeps.{sweep}"
-        axes = {k: v for k, v in spec.items() if k not in SWEEP_OPTIONS}
+        settings = {f"{section}.{setting}": v for section, body in spec.items() if section not in SWEEP_OPTIONS
+                    for setting, v in body.items()}
+        axes = {k: v for k, v in settings.items() if isinstance(v, list)}
         if not axes:
-            raise ConfigError(f"{where}: {key}: no axis to sweep (e.g. model.n_heads: [1, 2, 4])")
-        leaves = [a.split(".", 1)[1] for a in axes]
+            raise ConfigError(f"{where}: {key}: no axis to sweep (a list of values, e.g. model: {{n_heads: [1, 2, 4]}})")
+        leaves = [a.split(".", 1)[1] for a in settings]
         if len(set(leaves)) < len(leaves):
-            raise ConfigError(f"{where}: {key}: two axes set the same setting name ({', '.join(leaves)})")
+            raise ConfigError(f"{where}: {key}: two settings have the same name ({', '.join(leaves)})")
         if sweep in raw["cells"]:
             raise ConfigError(f"{where}: {key}: {sweep!r} is also a cell name (a task's cells list would be ambiguous)")
         for values in itertools.product(*axes.values()):
-            fields = dict(zip(leaves, values))
+            chosen = {**settings, **dict(zip(axes, values))}  # in file order
+            fields = {k.split(".", 1)[1]: v for k, v in chosen.items()}
             try:
                 name = (spec["name"].format(**fields) if "name" in spec
                         else "_".join([sweep] + [_sweep_value_name(v) for v in values]))
                 label = (spec["label"].format(**fields) if "label" in spec
-                         else ", ".join(f"{k} {v}" for k, v in fields.items()))
+                         else ", ".join(f"{a.split('.', 1)[1]} {v}" for a, v in zip(axes, values)))
             except (KeyError, IndexError, ValueError) as e:
                 raise ConfigError(f"{where}: {key}: bad name/label template ({type(e).__name__}: {e}); "
                                   f"use the settings' names: {', '.join('{' + f + '}' for f in leaves)}") from None
@@ -550,7 +559,7 @@ def expand_sweeps(raw: dict, where: str) -> dict[str, tuple[str, dict]]:
                 raise ConfigError(f"{where}: {key}: cell name {name!r} is already "
                                   f"{'a cell under cells' if name in raw['cells'] else 'made by sweeps.' + out[name][0]}")
             cell: dict = {"family": spec.get("family", sweep), "label": label}
-            for axis, value in zip(axes, values):
+            for axis, value in chosen.items():
                 section, setting = axis.split(".", 1)
                 cell.setdefault(section, {})[setting] = value
             _schema_errors(cell, f"{where}: {key}: {name}", part="cell")

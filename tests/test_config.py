@@ -241,14 +241,18 @@ def _with_sweeps(tmp_path, sweeps: dict, cells: list) -> Path:
 
 def test_a_sweep_is_a_family_of_named_cells_like_hand_written_ones(tmp_path):
     path = _with_sweeps(tmp_path, {
-        "heads": {"model.n_heads": [1, 4]},                                   # one axis, default names/labels
-        "shape": {"model.d_model": [16, 32], "model.dropout": [0.0, 0.1],      # a product of two axes
-                  "family": "size", "label": "d{d_model}, dropout {dropout}"}},
-        ["baseline", "heads", "shape_32_0p1", "pe_none"])
+        "heads": {"model": {"n_heads": [1, 4]}},                              # one axis, default names/labels
+        "shape": {"model": {"d_model": [16, 32], "dropout": [0.0, 0.1]},       # a product of two axes
+                  "family": "size", "label": "d{d_model}, dropout {dropout}"},
+        "warm": {"train": {"warmup_steps": [0, 4], "lr": 2.0e-3}}},            # one value: shared by the cells
+        ["baseline", "heads", "shape_32_0p1", "warm", "pe_none"])
     study = load_study(path)
     # A sweep's name in a task's cells list stands for all its cells, in order; single cells by name.
-    assert study.tasks["reorder"].cells == ("baseline", "heads_1", "heads_4", "shape_32_0p1", "pe_none")
+    assert study.tasks["reorder"].cells == ("baseline", "heads_1", "heads_4", "shape_32_0p1", "warm_0", "warm_4",
+                                            "pe_none")
     assert study.cells["heads_4"] == {"family": "heads", "label": "n_heads 4", "model": {"n_heads": 4}}
+    assert study.cells["warm_4"] == {"family": "warm", "label": "warmup_steps 4",
+                                     "train": {"warmup_steps": 4, "lr": 2.0e-3}}
     assert {c for c in study.cells if c.startswith("shape_")} == {"shape_16_0", "shape_16_0p1", "shape_32_0", "shape_32_0p1"}
     assert study.cells["shape_32_0p1"] == {"family": "size", "label": "d32, dropout 0.1",
                                            "model": {"d_model": 32, "dropout": 0.1}}
