@@ -46,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                "task", "cell", "seed")
     sp.add_argument("--reference", required=True, help="the reference directory (e.g. reports/reference/cpu)")
     sp.add_argument("--make", action="store_true", help="copy the run's files into the reference instead")
+    stage("exp-show", "dvc exp show for one study: each cell's headline metric and the cell settings that "
+                      "differ between experiments (pipeline_src/exp_show.py); other options go to dvc exp show")
     sp = stage("dvc-yaml", "write the dvc.yaml for a study from the stage table")
     sp.add_argument("--check", action="store_true", help="exit 1 if the file on disk is out of date")
     sp = stage("parts", "a study in parts for short GPU job slots: plan, targets, pack, build (pipeline_src/parts.py)")
@@ -65,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     from .allocator import keep_freed_memory
 
     keep_freed_memory()  # before torch allocates: large freed buffers are reused, not unmapped
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.stage != "exp-show":  # exp-show hands the rest to dvc exp show
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    args.rest = rest
     from .common import StageError
     from .config import ConfigError, load_study
 
@@ -168,6 +174,9 @@ def _run(args, study) -> int | None:
     if stage == "dvc-yaml":
         from .dvc_yaml import run
         return run(study, check=args.check)
+    if stage == "exp-show":
+        from .exp_show import run
+        return run(study, args.rest)
     if stage == "parts":
         from .parts import run
         return run(study, args.action, args.part, args.out, args.archives, args.reference, args.started, args.status,

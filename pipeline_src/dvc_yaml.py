@@ -17,7 +17,8 @@ import yaml
 from .common import atomic_write_text
 from .config import Study
 from .report import display_name
-from .report.views import curve_path, headline_metric, headline_plot_path
+from .report import views
+from .report.views import curve_path, headline_metric, headline_plot_path, learning_curve_cells, learning_curve_path
 from .stages import METRICS, PLOTS, Job, jobs_by_stage, output_path
 
 # Job wildcards that become ${item.*} in foreach stages; fv/tv: the data variant (filter, tokenizer).
@@ -36,11 +37,12 @@ def dvc_yaml_path(study: Study) -> Path:
 
 
 def _out_entries(stage: str, outs: dict[str, str]) -> list:
-    # Every output is a plain `outs` entry, metrics and wall-clock figures included, in the DVC
-    # cache: data/ is not in git, so `dvc push` / `dvc pull` must carry all of a study for a clone
-    # to be complete. The metrics and plots DVC shows are declared at the top level (see _views),
-    # over the study-level files of the aggregate stage.
-    return list(outs.values())
+    # Every output is a plain `outs` entry in the DVC cache, wall-clock figures included: data/ is
+    # not in git, so `dvc push` / `dvc pull` must carry all of a study for a clone to be complete.
+    # The exception are the folders DVC shows (declared at the top level, see _views): uncached
+    # and kept in git, with placeholders before the study is run (report/views.py), so that DVC
+    # finds them on every commit and in a fresh clone.
+    return [{path: {"cache": False}} if (stage, name) in METRICS | PLOTS else path for name, path in outs.items()]
 
 
 def _views(study: Study) -> dict:
@@ -67,7 +69,23 @@ def _views(study: Study) -> dict:
             "title": f"{task.name}: {display_name(metric)} by cell (mean over seeds)", "template": "bar_horizontal",
             "x": f"{metric}", "x_label": display_name(metric), "y_label": "cell",
             "y": {rel(headline_plot_path(plots_dir, task.name)): "cell"}}})
+        if learning_curve_cells(study, task):
+            plots.append({f"{study.name}.{task.name}.learning_curve": {
+                "title": f"{task.name}: learning curve, {display_name(metric)} by training rows (mean over seeds)",
+                "template": "linear", "x": "train_rows", "x_label": "training rows (nested random subsets)",
+                "y_label": display_name(metric), "y": {rel(learning_curve_path(plots_dir, task.name)): metric}}})
     return {"metrics": metrics, "plots": plots}
+
+
+def view_files(study: Study) -> list[Path]:
+    """The files git keeps for what DVC shows of the study before it is run (report/views.py)."""
+    metrics, plots = (Path(output_path(stage, name, study=study.name)) for stage, name in (*METRICS, *PLOTS))
+    return [metrics / views.KEEP, *views.plot_files(study, plots)]
+
+
+def write_placeholders(study: Study) -> list[Path]:
+    metrics, plots = (Path(output_path(stage, name, study=study.name)) for stage, name in (*METRICS, *PLOTS))
+    return views.placeholders(study, metrics, plots)
 
 
 def _stage_body(study: Study, job: Job, templated: bool) -> dict:
@@ -92,7 +110,7 @@ def _stage_body(study: Study, job: Job, templated: bool) -> dict:
     if params_file != "params.yaml":
         body["wdir"] = os.path.relpath(".", Path(params_file).parent)
     body["cmd"] = sub(job.cmd)
-    body["deps"] = [sub(d) for d in job.deps]
+    body["deps"] = [sub(d) for d in job.dvc_deps]
     if job.params:
         params = [sub(p) for p in job.params]
         body["params"] = params if params_file == "params.yaml" else [{params_file: params}]
@@ -172,4 +190,8 @@ def run(study: Study, check: bool = False) -> int:
     text = render(study)
     atomic_write_text(path, text)
     print(f"wrote {path} ({text.count(chr(10))} lines)")
+    written = write_placeholders(study)
+    if written:
+        print(f"wrote {len(written)} placeholders of what DVC shows under reports/{study.name}/ "
+              f"(commit them with {path}: DVC reads them until the study is run)")
     return 0

@@ -6,10 +6,12 @@ checks that Snakemake's and DVC's views of the DAG agree job for job.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
 import shlex
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -168,6 +170,9 @@ class Job:
     # Jobs of one stage with another dependency/params shape (screening stages) form their own
     # DVC foreach stage, named <stage>-<group>.
     group: str = ""
+    # The dependencies DVC lists: `deps`, with folders in place of files where that is exact
+    # (folder_deps). Snakemake keeps `deps`, file by file.
+    dvc_deps: tuple[str, ...] = field(default=(), compare=False)
 
     def out(self, name: str) -> str:
         return self.outs[name]
@@ -223,7 +228,44 @@ def build_jobs(study: Study) -> list[Job]:
                          _existing(study, f"screening.{screen.name}"), {"screen": screen.name})
                     for screen in study.screens.values()]
     jobs += train_jobs + eval_jobs + promote_jobs + plan_jobs(study, train_jobs, eval_jobs)
-    return jobs + report_jobs(study, jobs, train_jobs, eval_jobs, promote_jobs)
+    jobs += report_jobs(study, jobs, train_jobs, eval_jobs, promote_jobs)
+    return folder_deps(study, jobs)
+
+
+def folder_deps(study: Study, jobs: list[Job]) -> list[Job]:
+    """Each job with `dvc_deps`: its dependencies, where a folder of the study's data or reports
+    replaces two or more of them if every job that writes into that folder is one the job
+    depends on (the highest such folder). DVC then hashes the folder whole; the job's upstream
+    jobs, and so what reruns it, are the same, and `dvc exp show` has one column for the folder
+    instead of one per file (the fan-in stages list every run's files). Snakemake keeps the
+    files: it would judge a folder by the folder's own mtime, which an edited file leaves alone.
+    A folder also holds what no job declares (TensorBoard events, partial writes of a killed
+    stage: both in .dvcignore) and the runs of cells since removed from the study."""
+    producer = {path: (j.stage, j.key) for j in jobs for path in j.outs.values()}
+    writers: dict[str, set] = {}  # folder below data/<study>/ or reports/<study>/ -> jobs writing into it
+    for path, job in producer.items():
+        parts = path.split("/")
+        for i in range(3, len(parts)):
+            writers.setdefault("/".join(parts[:i]), set()).add(job)
+
+    def folded(job: Job) -> tuple[str, ...]:
+        listed: dict[str, set] = {}
+        for dep in job.deps:
+            parts = dep.split("/")
+            for i in range(3, len(parts)):
+                listed.setdefault("/".join(parts[:i]), set()).add(producer.get(dep))
+        folder = {}
+        for dep in job.deps:
+            if dep not in producer:
+                continue
+            parts = dep.split("/")
+            folder[dep] = next((f for f in ("/".join(parts[:i]) for i in range(3, len(parts)))
+                                if listed[f] == writers[f]), None)
+        uses = Counter(folder.values())
+        out = [folder[d] if uses[folder.get(d)] >= 2 and folder.get(d) else d for d in job.deps]
+        return tuple(dict.fromkeys(out))
+
+    return [dataclasses.replace(j, dvc_deps=folded(j)) for j in jobs]
 
 
 def data_jobs(study: Study) -> list[Job]:

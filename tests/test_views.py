@@ -1,8 +1,10 @@
 """Each driver's own views of a study, as their users look at them: `dvc metrics show`,
-`dvc plots show`, `dvc exp run -S` / `dvc exp show`, and `snakemake --report`.
+`dvc plots show`, `dvc exp run -S` / the compact `dvc exp show` (`python -m pipeline_src exp-show`),
+and `snakemake --report`.
 
-Runs a real tiny study (one translation task, two cells, two seeds) in a scratch git + DVC copy of
-the project, built once by Snakemake and adopted by DVC.
+Runs a real tiny study (one translation task, two cells and a sweep of two, two seeds) in a
+scratch git + DVC copy of the project, built once by Snakemake and adopted by DVC, beside the
+demo study's dvc.yaml, not run (what DVC shows of it are the placeholders git keeps).
 """
 import csv
 import io
@@ -22,7 +24,8 @@ TINY = ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml"
 BIN = Path(sys.executable).parent
 PARAMS = "workflow/studies/tiny/params.yaml"
 DVC_FILE = "workflow/studies/tiny/dvc.yaml"
-CELLS = ["baseline", "pe_none"]
+CELLS = ["baseline", "pe_none", "heads_1", "heads_4"]
+REPORT_STEPS = {"aggregate", "figures", "tables", "claims", "report"}
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +42,13 @@ def repo(tmp_path_factory):
     """A git + DVC copy of the project with the tiny study (two seeds), run once by Snakemake,
     adopted by DVC and committed, so that experiments have a baseline commit."""
     repo = tmp_path_factory.mktemp("views") / "repo"
-    without_shipped_pipelines(copy_project(repo))
+    without_shipped_pipelines(copy_project(repo), keep=("workflow/studies/demo/dvc.yaml",))
     params = yaml.safe_load(TINY.read_text())
     params["seeds"] = [0, 1]
+    # A sweep written as the schema has it: settings nested under their section (an axis of two
+    # values and a setting both cells share), so that `dvc exp run -S` addresses each one.
+    params["sweeps"] = {"heads": {"model": {"n_heads": [1, 4], "d_ff": 32}}}
+    params["tasks"]["reorder"]["cells"] = ["baseline", "pe_none", "heads"]
     (repo / PARAMS).parent.mkdir(parents=True, exist_ok=True)
     (repo / PARAMS).write_text(yaml.safe_dump(params, sort_keys=False))
     _run(["git", "init", "-q"], repo)
@@ -94,9 +101,26 @@ def test_dvc_metrics_show_is_one_short_row_per_cell(repo):
     assert header.count("|") - 1 == 5, header  # Path + 4 numbers
 
 
+def _dvc(repo, *args):
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ.get('PATH', '')}", PIPELINE_QUIET="1", PYTHONPATH=str(repo))
+    return subprocess.run([BIN / "dvc", *args], cwd=repo, capture_output=True, text=True, env=env)
+
+
+def test_dvc_says_nothing_of_a_study_not_run(repo):
+    """The demo is declared (its dvc.yaml) but not run: its metrics folder holds only the .gitkeep
+    and its plot files their header, so DVC shows nothing of it and warns of nothing."""
+    for args in (["metrics", "show"], ["plots", "show", "--json"], ["exp", "show", "--csv"]):
+        proc = _dvc(repo, *args)
+        assert proc.returncode == 0 and "failed to load" not in proc.stderr and "WARNING" not in proc.stderr, \
+            (args, proc.stderr[-2000:])
+    table = _dvc(repo, "metrics", "show").stdout
+    assert "reports/tiny/metrics/reorder/baseline.json" in table and "reports/demo" not in table, table
+    plots = json.loads(_dvc(repo, "plots", "show", "--json").stdout)
+    assert "errors" not in plots and plots["data"]["demo.reorder.train_loss"] == [], plots.get("errors")
+
+
 def test_dvc_plots_show_the_report_comparisons(repo):
-    proc = subprocess.run([BIN / "dvc", "plots", "show", "--json"], cwd=repo, capture_output=True, text=True)
-    shown = json.loads(proc.stdout)["data"]
+    shown = json.loads(_dvc(repo, "plots", "show", "--json").stdout)["data"]
     ours = {k: v for k, v in shown.items() if k.startswith("tiny.")}
     assert sorted(ours) == ["tiny.reorder.headline", "tiny.reorder.train_loss", "tiny.reorder.val_loss"], list(shown)
     for curve in ("train_loss", "val_loss"):  # the cells of the task overlaid in one plot
@@ -112,27 +136,44 @@ def test_dvc_exp_run_set_param_reruns_the_cell_and_shows_it(repo):
     out = _run([BIN / "dvc", "exp", "run", DVC_FILE, "-n", "dropout02",
                 "-S", f"{PARAMS}:++cells.pe_none.model.dropout=0.2"], repo)
     ran = set(re.findall(r"Running stage '[^:]+:([^']+)'", out))
-    assert ran == {f"{s}@reorder-pe_none-s{k}" for s in ("train", "evaluate") for k in (0, 1)} | {
-        "aggregate", "figures", "tables", "claims", "report"}, ran
-    # The README's command: headline metrics and params that differ, without file hashes.
-    shown = _run([BIN / "dvc", "exp", "show", "--csv", "--only-changed", "--drop", EXP_DROP], repo)
-    rows = list(csv.DictReader(io.StringIO(shown)))
-    metric = "reports/tiny/metrics/reorder/pe_none.json:"
-    # (wall_s, rounded to 0.1 s, may by chance equal the baseline's and then is not a changed column)
-    columns = list(rows[0])[4:]
-    assert columns in ([metric + k for k in ("bleu", "bleu_std", "test_ppl", "wall_s")] + ["cells.pe_none.model.dropout"],
-                       [metric + k for k in ("bleu", "bleu_std", "test_ppl")] + ["cells.pe_none.model.dropout"]), columns
+    assert ran == {f"{s}@reorder-pe_none-s{k}" for s in ("train", "evaluate") for k in (0, 1)} | REPORT_STEPS, ran
+    # The README's command: each cell's headline metric and the cell settings that differ.
+    rows, columns = _compact_view(repo)
+    metric = "reports/tiny/metrics/reorder/pe_none.json:bleu"
+    assert set(columns) == set(ROW_COLUMNS) | set(HEADLINES) | {"cells.pe_none.model.dropout"}, columns
     exp = next(r for r in rows if r["Experiment"] == "dropout02")
     base = next(r for r in rows if r["typ"] == "baseline" and r["rev"] != "workspace")
     assert exp["cells.pe_none.model.dropout"] == "0.2" and base["cells.pe_none.model.dropout"] == ""
-    assert exp[metric + "test_ppl"] != base[metric + "test_ppl"]
     after = json.loads((repo / "reports/tiny/metrics/reorder/pe_none.json").read_text())
-    assert float(exp[metric + "test_ppl"]) == after["test_ppl"]
+    assert float(exp[metric]) == after["bleu"] and base[metric] != ""
     # The experiment is applied to the workspace: `dvc metrics diff` against the commit shows the
     # edited cell's numbers, and nothing of the cell that did not rerun.
     diff = json.loads(_run([BIN / "dvc", "metrics", "diff", "--json", "--targets", "reports/tiny/metrics"], repo))
     assert {Path(p).stem for p in diff} == {"pe_none"}, diff
-    assert diff[metric[:-1]]["test_ppl"]["new"] == after["test_ppl"]
+    assert diff[metric.split(":")[0]]["test_ppl"]["new"] == after["test_ppl"]
 
 
-EXP_DROP = r"^(data|pipeline_src)/|^reports/[^:]*$"
+ROW_COLUMNS = ["Experiment", "rev", "typ", "Created", "parent"]
+HEADLINES = [f"reports/tiny/metrics/reorder/{c}.json:bleu" for c in CELLS]
+
+
+def _compact_view(repo) -> tuple[list[dict], list[str]]:
+    shown = _run([sys.executable, "-m", "pipeline_src", "exp-show", "--params", PARAMS, "--csv"], repo)
+    rows = list(csv.DictReader(io.StringIO(shown)))
+    return rows, list(rows[0])
+
+
+def test_dvc_exp_run_set_param_on_a_sweep_reruns_exactly_its_cells(repo):
+    """A sweep's settings are nested keys DVC addresses: editing the one its cells share reruns
+    the sweep's cells (every seed) and the report steps, nothing else."""
+    out = _run([BIN / "dvc", "exp", "run", DVC_FILE, "-n", "heads-dff", "-S", f"{PARAMS}:sweeps.heads.model.d_ff=48"],
+               repo)
+    ran = set(re.findall(r"Running stage '[^:]+:([^']+)'", out))
+    assert ran == {f"{s}-sweep-heads@reorder-heads_{h}-s{k}" for s in ("train", "evaluate") for h in (1, 4)
+                   for k in (0, 1)} | REPORT_STEPS, ran
+    assert yaml.safe_load((repo / PARAMS).read_text())["sweeps"]["heads"]["model"] == {"n_heads": [1, 4], "d_ff": 48}
+    rows, columns = _compact_view(repo)
+    assert "sweeps.heads.model.d_ff" in columns and len(columns) <= 40, columns
+    exp = next(r for r in rows if r["Experiment"] == "heads-dff")
+    base = next(r for r in rows if r["typ"] == "baseline" and r["rev"] != "workspace")
+    assert (exp["sweeps.heads.model.d_ff"], base["sweeps.heads.model.d_ff"]) == ("48", "32")

@@ -7,9 +7,17 @@ reports/<study>/metrics/<task>/<cell>.json   one small file per task x cell, dec
 reports/<study>/plots/<task>/<train_loss|val_loss>/<cell>.tsv   loss curves, mean over seeds;
     dvc.yaml overlays the cells of a task in one plot per curve.
 reports/<study>/plots/<task>/headline.tsv   headline metric per cell (a bar per cell).
+reports/<study>/plots/<task>/learning_curve.tsv   tasks with data-size cells: the headline metric
+    against the number of training rows (the baseline and each data-size cell).
 
 DVC draws one table row per metrics file and one line per plot data file, so the files are laid
 out the way the views should look. Paths come from here for both the writer and dvc_yaml.py.
+
+Both folders are kept in git (uncached DVC outputs): DVC reads them at any commit for `dvc metrics
+diff`, `dvc plots diff` and `dvc exp show`, and a study not yet run has them too, as placeholders
+(`placeholders`: the metrics folder with only a .gitkeep, which .dvcignore hides, and each plot
+file with its header only), so that DVC finds every file it is told to show, empty, instead of
+warning that it failed to load them.
 """
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ from ..seed_plan import run_seeds
 from . import PRIMARY, read_csv, run_paths
 
 CURVES = ("train_loss", "val_loss")
+KEEP = ".gitkeep"  # in the metrics folder, so that git keeps it before the study is run (.dvcignore hides it)
 
 
 def headline_metric(kind: str) -> str:
@@ -40,6 +49,50 @@ def curve_path(plots_dir: str | Path, task: str, column: str, cell: str) -> Path
 
 def headline_plot_path(plots_dir: str | Path, task: str) -> Path:
     return Path(plots_dir) / task / "headline.tsv"
+
+
+def learning_curve_path(plots_dir: str | Path, task: str) -> Path:
+    return Path(plots_dir) / task / "learning_curve.tsv"
+
+
+def learning_curve_cells(study, task) -> list[str]:
+    """The cells of the task's learning curve (the baseline and its data-size cells, as in the
+    report's figure); none when the task has no data-size cell."""
+    from .figures import data_size_cells
+
+    cells = data_size_cells(study, task)
+    return cells if len(cells) > 1 else []
+
+
+def plot_files(study, plots_dir: str | Path) -> dict[Path, list[str]]:
+    """Every plot data file the study's dvc.yaml names, with its columns (a header-only file
+    holds these)."""
+    out = {}
+    for task in study.tasks.values():
+        metric = headline_metric(task.kind)
+        for column in CURVES:
+            out.update({curve_path(plots_dir, task.name, column, cell): ["step", column] for cell in task.cells})
+        out[headline_plot_path(plots_dir, task.name)] = ["cell", metric, f"{metric}_std"]
+        if learning_curve_cells(study, task):
+            out[learning_curve_path(plots_dir, task.name)] = ["cell", "train_rows", metric, f"{metric}_std"]
+    return out
+
+
+def placeholders(study, metrics_dir: str | Path, plots_dir: str | Path) -> list[Path]:
+    """The views of a study not yet run, for git: the metrics folder's .gitkeep and each plot
+    file's header. Files that exist (a study already run) are left alone. Returns those written."""
+    written = []
+    keep = Path(metrics_dir) / KEEP
+    if not Path(metrics_dir).exists():
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        keep.write_text("", encoding="utf-8")
+        written.append(keep)
+    for path, columns in plot_files(study, plots_dir).items():
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("\t".join(columns) + "\n", encoding="utf-8")
+            written.append(path)
+    return written
 
 
 def _num(value, digits: int):
@@ -82,16 +135,31 @@ def _curve(study, task: str, cell: str, column: str) -> pd.DataFrame:
     return curve.reset_index()
 
 
+def _learning_curve(study, task, headline: dict) -> pd.DataFrame:
+    from ..stages import data_paths
+    from . import read_json
+
+    metric = headline_metric(task.kind)
+    rows = [{"cell": c, "train_rows": read_json(Path(data_paths(study, task.name, c)[0]) / "stats.json")["rows"]["train"],
+             metric: headline[(task.name, c)][metric], f"{metric}_std": headline[(task.name, c)][f"{metric}_std"]}
+            for c in learning_curve_cells(study, task)]
+    return pd.DataFrame(rows).sort_values("train_rows", kind="stable")
+
+
 def build(study, summary: pd.DataFrame) -> dict:
     """Everything the two directories will hold, computed before anything is written."""
-    return {"headline": headline_rows(study, summary),
+    headline = headline_rows(study, summary)
+    return {"headline": headline,
             "curves": {(t.name, c, col): _curve(study, t.name, c, col)
-                       for t in study.tasks.values() for c in t.cells for col in CURVES}}
+                       for t in study.tasks.values() for c in t.cells for col in CURVES},
+            "learning": {t.name: _learning_curve(study, t, headline)
+                         for t in study.tasks.values() if learning_curve_cells(study, t)}}
 
 
 def write(study, views: dict, metrics_dir: Path, plots_dir: Path) -> None:
     headline, curves = views["headline"], views["curves"]
     with atomic_dir(metrics_dir) as tmp:
+        (tmp / KEEP).write_text("", encoding="utf-8")
         for (task, cell), values in headline.items():
             path = metrics_file(tmp, task, cell)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,6 +176,9 @@ def write(study, views: dict, metrics_dir: Path, plots_dir: Path) -> None:
                                    f"{metric}_std": headline[(task.name, cell)][f"{metric}_std"]}
                                   for cell in task.cells])
             headline_plot_path(tmp, task.name).write_text(
+                frame.to_csv(sep="\t", index=False, lineterminator="\n"), encoding="utf-8")
+        for task, frame in views.get("learning", {}).items():
+            learning_curve_path(tmp, task).write_text(
                 frame.to_csv(sep="\t", index=False, lineterminator="\n"), encoding="utf-8")
 
 

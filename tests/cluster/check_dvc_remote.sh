@@ -26,8 +26,8 @@ python -m pipeline_src dvc-yaml --params "$PARAMS" >/dev/null
 dvc commit --force -q "$DVC_YAML"   # the same commands made these outputs, so DVC takes them as they are
 dvc remote modify --local "$remote" url "$REMOTE"
 dvc push -q "$DVC_YAML"
-git add "$DVC_YAML" "${DVC_YAML%.yaml}.lock"
-git -c user.name=ci -c user.email=ci@localhost commit -qm "tiny study: dvc.lock"
+git add "$DVC_YAML" "${DVC_YAML%.yaml}.lock" reports/tiny   # (reports/tiny: what DVC shows, kept in git)
+git -c user.name=ci -c user.email=ci@localhost commit -qm "tiny study: dvc.lock, metrics and plots"
 n_files=$(find "$REMOTE" -type f | wc -l)
 echo "  pushed to the '$remote' remote: $n_files objects, $(du -sh "$REMOTE" | cut -f1)"
 
