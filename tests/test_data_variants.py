@@ -113,7 +113,7 @@ def test_bad_override_names_the_key(tmp_path):
 
 
 def _sampled(n: int, cfg) -> set[int]:
-    rules = filt._Rules("t", "d", "train", "f", n)
+    rules = filt._Rules("t", "d", "train", "f", n, np.ones(n, dtype=np.int64))
     rules.keep[::7] = False  # other rules already dropped some rows
     filt._sample(rules, cfg, "train", lambda k: "")
     return set(np.flatnonzero(rules.keep).tolist())
