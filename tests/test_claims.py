@@ -316,7 +316,8 @@ def test_a_study_without_claims_writes_empty_tables_and_no_section():
 
 def test_shipped_studies_declare_claims_and_references():
     for p in ("workflow/studies/demo/params.yaml", "workflow/studies/mirror/params.yaml",
-              "workflow/studies/gpu/params.yaml", "workflow/studies/cpu/params.yaml"):
+              "workflow/studies/gpu/params.yaml", "workflow/studies/cpu/params.yaml",
+              "workflow/studies/cnndm/params.yaml"):
         study = load_study(ROOT / p)
         assert study.claims and study.references, p
 

@@ -17,7 +17,7 @@ from pipeline_src.dvc_yaml import dvc_yaml_path, render, view_files
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ["params.yaml", "workflow/studies/demo/params.yaml", "workflow/studies/mirror/params.yaml",
-           "workflow/studies/gpu/params.yaml", "workflow/studies/cpu/params.yaml"]
+           "workflow/studies/gpu/params.yaml", "workflow/studies/cpu/params.yaml", "workflow/studies/cnndm/params.yaml"]
 BIN = Path(sys.executable).parent
 
 

@@ -28,7 +28,7 @@ NAME=$(python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['stu
 LOGS="logs/$NAME"
 
 mirror=${PIPELINE_DATA_MIRROR:-../shared/datasets}
-for d in multi30k ptb; do
+for d in $(python -c "import sys, yaml; print(' '.join(yaml.safe_load(open(sys.argv[1]))['datasets']))" "$PARAMS"); do
   [[ -d "$mirror/$d" ]] || { echo "error: $mirror/$d missing (set PIPELINE_DATA_MIRROR)"; exit 1; }
 done
 if [[ "${1:-}" == "--fresh" ]]; then
