@@ -373,6 +373,7 @@ def render(study) -> str:
                        f"This report collects the results of study {esc(study.name)}.",
         "n_cells": len({c for t in study.tasks.values() for c in t.cells}),
         "n_tasks": len(study.tasks), "seeds_text": _seeds_text(study), "method_text": _method_text(study, results),
+        "scope": esc(" ".join(str(report.get("scope") or "").split())),
         "first_seed": study.seeds[0],
         "tasks": tasks,
         "metrics_text": _metrics_text(results, study),
