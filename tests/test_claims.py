@@ -322,6 +322,18 @@ def test_shipped_studies_declare_claims_and_references():
         assert study.claims and study.references, p
 
 
+def test_the_summarisation_check_run_is_the_study_baseline_shortened():
+    """CI re-makes a shortened baseline of the CNN/DailyMail study (check.yaml): its data recipe,
+    tokenizer and model must stay the study's, or the check would test something else."""
+    study = load_study(ROOT / "workflow/studies/cnndm/params.yaml")
+    check = load_study(ROOT / "workflow/studies/cnndm/check.yaml")
+    a, b = study.cell("cnndm", "baseline"), check.cell("cnndm", "baseline")
+    assert study.datasets == check.datasets
+    assert study.tasks["cnndm"].filter == check.tasks["cnndm"].filter
+    assert study.tasks["cnndm"].bpe == check.tasks["cnndm"].bpe and a.model == b.model
+    assert b.train.max_steps < a.train.max_steps and b.eval.max_examples == 100
+
+
 def test_gpu_study_runner_refuses_cleanly_without_a_gpu(tmp_path):
     import subprocess
     import sys
