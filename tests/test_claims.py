@@ -180,7 +180,7 @@ def test_claims_get_the_verdicts_the_fake_data_imply_per_task(stage):
     same = _row(stage["claims"], "same_equal")
     assert same["delta"] == 0 and same["ci_lo"] == 0 and same["ci_hi"] == 0 and same["seeds_agree"] == "4/4"
     nothing = _row(stage["claims"], "same_better")
-    assert "would not settle it" in nothing["reason"] and math.isinf(float(nothing["runs_needed"]))
+    assert "no difference was seen" in nothing["reason"] and math.isinf(float(nothing["runs_needed"]))
 
 
 def test_claim_evidence_is_a_paired_t_over_runs_corrected_by_holm(stage):

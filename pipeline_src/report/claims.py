@@ -166,9 +166,13 @@ def _decide(expect: str, ev: dict, p_adj: float, margin, alpha_runs: float | Non
     if math.isnan(need):
         return "inconclusive", f"adjusted p {p_adj:.2g} >= {ALPHA}", need
     if math.isinf(need):
-        why = ("the observed difference is at or beyond the margin" if expect == "equal"
-               else "no difference was seen")
-        return "inconclusive", f"adjusted p {p_adj:.2g} >= {ALPHA}; {why}, more runs would not settle it", need
+        if expect == "equal" and abs(ev["delta"]) >= margin:
+            why = "the observed difference is at or beyond the margin: more runs would not show equivalence"
+        elif expect != "equal" and abs(ev["delta"]) < 1e-12:
+            why = "no difference was seen: more runs would not settle it"
+        else:
+            why = f"more than {stats.MAX_RUNS_REPORTED} runs per cell would be needed at this effect and spread"
+        return "inconclusive", f"adjusted p {p_adj:.2g} >= {ALPHA}; {why}", need
     return "inconclusive", (f"adjusted p {p_adj:.2g} >= {ALPHA}; ~{stats.fmt_runs(need)} runs per cell would settle "
                             "it at 80 % power"), need
 
