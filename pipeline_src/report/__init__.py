@@ -285,3 +285,17 @@ def fmt_int(n) -> str:
 def safe_name(s: str) -> str:
     """A file-name-safe version of a task/cell/family name (they match [a-z0-9_-]+ already)."""
     return re.sub(r"[^A-Za-z0-9_-]+", "-", str(s))
+
+
+SAMPLE_KEYS = {"sample_fraction", "sample_size"}
+
+
+def data_size_cells(study, task) -> list[str]:
+    """The baseline and the cells that differ from it only in how much training data they see
+    (a `filter` override of sample_fraction / sample_size and nothing else)."""
+    out = [task.baseline_cell]
+    for c in task.cells:
+        d = study.cells[c]
+        if c != task.baseline_cell and set(d) - {"family", "label"} == {"filter"} and set(d["filter"]) <= SAMPLE_KEYS:
+            out.append(c)
+    return out

@@ -29,8 +29,8 @@ from ..common import StageError, atomic_dir
 from ..seed_plan import run_seeds
 from ..stages import data_paths
 from .aggregate import RUN_LEVEL
-from . import (ALPHA, display_name, higher_is_better, mask_token_level, primary_metric, read_csv, report_paths,
-               run_paths, safe_name)
+from . import (ALPHA, data_size_cells, display_name, higher_is_better, mask_token_level, primary_metric, read_csv,
+               report_paths, run_paths, safe_name)
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
@@ -240,20 +240,6 @@ def ablation_figure(study, task, summary: pd.DataFrame, sig: pd.DataFrame, color
 
 
 # --- data size: learning curves ------------------------------------------------------------------
-
-SAMPLE_KEYS = {"sample_fraction", "sample_size"}
-
-
-def data_size_cells(study, task) -> list[str]:
-    """The baseline and the cells that differ from it only in how much training data they see
-    (a `filter` override of sample_fraction / sample_size and nothing else)."""
-    out = [task.baseline_cell]
-    for c in task.cells:
-        d = study.cells[c]
-        if c != task.baseline_cell and set(d) - {"family", "label"} == {"filter"} and set(d["filter"]) <= SAMPLE_KEYS:
-            out.append(c)
-    return out
-
 
 def learning_curve_figure(study, task, summary: pd.DataFrame, outdir: Path) -> dict | None:
     """Headline metric against the number of training rows (nested subsets), mean +- std."""

@@ -29,7 +29,7 @@ import pandas as pd
 
 from ..common import StageError, atomic_dir
 from ..seed_plan import run_seeds
-from . import PRIMARY, read_csv, run_paths
+from . import PRIMARY, data_size_cells, read_csv, run_paths
 
 CURVES = ("train_loss", "val_loss")
 KEEP = ".gitkeep"  # in the metrics folder, so that git keeps it before the study is run (.dvcignore hides it)
@@ -58,8 +58,6 @@ def learning_curve_path(plots_dir: str | Path, task: str) -> Path:
 def learning_curve_cells(study, task) -> list[str]:
     """The cells of the task's learning curve (the baseline and its data-size cells, as in the
     report's figure); none when the task has no data-size cell."""
-    from .figures import data_size_cells
-
     cells = data_size_cells(study, task)
     return cells if len(cells) > 1 else []
 
