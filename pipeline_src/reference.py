@@ -11,7 +11,7 @@ compares every figure. Same CPU model, same torch and same arithmetic (cost.json
 precision; the versions from train_info.json): identical bytes are expected, and any figure that
 moved is printed with how far. The check fails when a figure moves beyond its tolerance:
 
-  BLEU +-0.3, chrF +-0.5 (points); perplexities +-1 % (relative); losses +-0.01 (nats, ~1 %
+  BLEU +-0.3, chrF +-0.5, ROUGE +-0.5 (points); perplexities +-1 % (relative); losses +-0.01 (nats, ~1 %
   of perplexity); counts (parameters, FLOPs per token, steps, tokens, test sentences, words): exact.
 
 On another CPU model or torch version the same run is computed with other kernels, so its numbers
@@ -34,7 +34,7 @@ from .common import StageError, package_versions
 from .config import Study
 from .stages import output_path
 
-ABSOLUTE = {"bleu": 0.3, "chrf": 0.5}
+ABSOLUTE = {"bleu": 0.3, "chrf": 0.5, "rouge1": 0.5, "rouge2": 0.5, "rougeLsum": 0.5}
 RELATIVE_PPL = 0.01
 LOSS_NATS = 0.01
 EXACT = ("n_params", "flops_per_token", "steps", "epochs", "train_tokens", "n_test", "val_words", "test_words")
