@@ -49,7 +49,7 @@ cpu-study: install
 	bash workflow/studies/cpu/run.sh
 
 # The reference CPU summarisation study: CNN/DailyMail in See et al.'s processing from the offline
-# mirror (~100 min on 2 cores; the same command continues a stopped run). Products -> reports/reference/cnndm/.
+# mirror (68 min on 2 cores; the same command continues a stopped run). Products -> reports/reference/cnndm/.
 cnndm-study: install
 	bash workflow/studies/cnndm/run.sh
 
