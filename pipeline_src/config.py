@@ -36,7 +36,7 @@ BASE_FILTER_VARIANT = "default"  # the task's own filter settings (no cell overr
 MODEL_DEFAULTS: dict[str, Any] = dict(
     arch="encoder_decoder", d_model=512, n_heads=8, enc_layers=6, dec_layers=6, d_ff=2048,
     dropout=0.1, attention_dropout=0.0, pos_encoding="sinusoidal", max_len=1024, residual=True,
-    norm="post", activation="relu", tie_embeddings=True, attention_impl="sdpa", residual_dtype="float32",
+    norm="post", activation="relu", tie_embeddings=True, copy_attention=False, attention_impl="sdpa", residual_dtype="float32",
 )
 
 
@@ -97,6 +97,9 @@ class EvalConfig:
     max_examples: int | None = None
     n_samples: int = 5
     bootstrap: int = 1000
+    # n >= 2: no hypothesis repeats an n-gram of subword tokens (3 = the trigram blocking common for
+    # summaries); 0: off. Decoded on the host (the static beam search does not implement it).
+    no_repeat_ngram: int = 0
     # Beam search implementation (same hypotheses): host = decode.beam_search, which drops finished
     # sentences (best on a CPU); static = static_decode (fixed shapes, no host reads per step);
     # graphs = static with the decoder step replayed as a CUDA graph (CUDA only, else static);

@@ -112,7 +112,8 @@ def _tsv(columns: list[str], rows: list[list]) -> str:
 
 def decoding_method(ev, model, device) -> str:
     """The beam search eval.decoding asks for, as it can run here (see config.EvalConfig)."""
-    if ev.decoding in ("auto", "host") or model.cfg.arch == "encoder_only":
+    if ev.decoding in ("auto", "host") or model.cfg.arch == "encoder_only" or model.cfg.copy_attention \
+            or ev.no_repeat_ngram:
         return "host"
     return "graphs" if ev.decoding == "graphs" and device.type == "cuda" else "static"
 
@@ -129,7 +130,7 @@ def decode_all(model, data: batching.Seq2SeqData, ev, device, precision: str, de
         with autocast(device, precision):  # beam_size 1 is exactly greedy search (tested)
             if method == "host":
                 out = beam_search(model, src, beam_size=ev.beam_size, length_penalty=ev.length_penalty,
-                                  max_len_a=ev.max_len_a, max_len_b=ev.max_len_b)
+                                  max_len_a=ev.max_len_a, max_len_b=ev.max_len_b, no_repeat_ngram=ev.no_repeat_ngram)
             else:
                 out = beam_search_static(model, src, beam_size=ev.beam_size, length_penalty=ev.length_penalty,
                                          max_len_a=ev.max_len_a, max_len_b=ev.max_len_b,

@@ -5,6 +5,7 @@
     attention.py    scaled dot-product and multi-head attention, with a KV cache
     layers.py       feed-forward, encoder and decoder layers and stacks
     transformer.py  the model: encoder_decoder, decoder_only or encoder_only
+    copy.py         copy attention: the pointer-generator output layer (summaries)
     decode.py       greedy and beam-search decoding
     static_decode.py  the same beam search in static shapes (GPU; CUDA graphs)
     accounting.py   parameter and FLOP counts

@@ -33,6 +33,7 @@ class ModelConfig:
     norm: str = "post"                  # "post" (paper) | "pre"
     activation: str = "relu"            # "relu" | "gelu"
     tie_embeddings: bool = True         # share src/tgt embeddings and output projection (shared vocab)
+    copy_attention: bool = False        # encoder_decoder: pointer-generator output (copy.py)
     attention_impl: str = "explicit"    # "explicit" (written-out softmax(QK^T/sqrt(d_k))V) | "sdpa"
     # "compute": under autocast, the residual stream (embeddings, sub-layer sums, LayerNorm outputs)
     # is kept in autocast's dtype (bf16) instead of fp32, halving the bytes of the memory-bound
@@ -68,9 +69,12 @@ class ModelConfig:
             value = getattr(self, name)
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"model.{name} ({value!r}) must be in [0, 1)")
-        for name in ("residual", "tie_embeddings"):
+        for name in ("residual", "tie_embeddings", "copy_attention"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"model.{name} ({getattr(self, name)!r}) must be true or false")
+        if self.copy_attention and self.arch != "encoder_decoder":
+            raise ValueError(f"model.copy_attention points into a source: it needs model.arch encoder_decoder, "
+                             f"not {self.arch}")
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
         if self.pos_encoding == "rope" and self.head_dim % 2:

@@ -17,6 +17,8 @@ Input conventions:
                    unpadded one would, and every row's newest token is in the last column.
 Outputs are the generated target ids, without bos and without eos. pad and bos are never
 generated (their logits are set to -inf before the softmax).
+no_repeat_ngram n >= 2 bans any token that would complete an n-gram the row has already generated
+(Paulus et al. 2018's trigram blocking for summaries, fairseq's --no-repeat-ngram-size); 0 is off.
 Length limit per sentence: max_len if given, else floor(max_len_a * src_len + max_len_b),
 where src_len counts the sentence's non-pad source tokens; for learned/sinusoidal positions
 it is also clipped so no position exceeds the model's max_len.
@@ -35,16 +37,20 @@ from .transformer import Transformer
 class _DecodeState:
     """The growing token sequences of N decoding rows, with their encoder memory and cache."""
 
-    def __init__(self, model: Transformer, src: Tensor, use_cache: bool):
+    def __init__(self, model: Transformer, src: Tensor, use_cache: bool, no_repeat_ngram: int = 0):
         cfg = model.cfg
+        if no_repeat_ngram == 1 or no_repeat_ngram < 0:
+            raise ValueError(f"no_repeat_ngram ({no_repeat_ngram}) must be 0 (off) or >= 2")
         self.model = model
+        self.no_repeat_ngram = no_repeat_ngram
         B = src.size(0)
         bos = torch.full((B, 1), cfg.bos_id, dtype=src.dtype, device=src.device)
         if cfg.arch == "encoder_decoder":
             self.memory, self.memory_mask = model.encode(src)         # (B, S, D), (B, S)
+            self.src = src if cfg.copy_attention else None             # copy attention points into it
             self.tokens = bos
         else:
-            self.memory = self.memory_mask = None
+            self.memory = self.memory_mask = self.src = None
             self.tokens = torch.cat((src, bos), dim=1)
         self.prefix_len = self.tokens.size(1)
         self.cache = model.new_cache() if use_cache and cfg.arch != "encoder_only" else None
@@ -56,13 +62,26 @@ class _DecodeState:
 
     def next_log_probs(self) -> Tensor:
         """(N, V) float32 log-probabilities of the next token, pad and bos excluded."""
-        logits = self.model.decode(self.tokens, self.memory, self.memory_mask, self.cache, self.n_cached)
+        logits = self.model.decode(self.tokens, self.memory, self.memory_mask, self.cache, self.n_cached,
+                                   src=self.src)
         if self.cache is not None:
             self.n_cached = self.tokens.size(1)
         logits = logits[:, -1].float()
         cfg = self.model.cfg
         logits[:, [cfg.pad_id, cfg.bos_id]] = float("-inf")
+        self._ban_repeats(logits)
         return logits.log_softmax(dim=-1)
+
+    def _ban_repeats(self, logits: Tensor) -> None:
+        """Sets to -inf every token that would repeat an n-gram of its row (n = no_repeat_ngram)."""
+        n, generated = self.no_repeat_ngram, self.generated                   # (N, t)
+        if n == 0 or generated.size(1) < n:
+            return
+        earlier = generated.unfold(1, n - 1, 1)[:, :-1]                        # (N, t-n+1, n-1) with a successor
+        followers = generated[:, n - 1:]                                       # (N, t-n+1) those successors
+        repeats = (earlier == generated[:, None, -(n - 1):]).all(dim=-1)       # (N, t-n+1) same as the last n-1
+        rows, cols = repeats.nonzero(as_tuple=True)
+        logits[rows, followers[rows, cols]] = float("-inf")
 
     def append(self, tokens: Tensor) -> None:  # (N,)
         self.tokens = torch.cat((self.tokens, tokens[:, None]), dim=1)
@@ -77,6 +96,7 @@ class _DecodeState:
         self.tokens = self.tokens[rows]
         if self.memory is not None and not within_sentence:
             self.memory, self.memory_mask = self.memory[rows], self.memory_mask[rows]
+            self.src = self.src[rows] if self.src is not None else None
         for layer_cache in self.cache or []:
             for part_name, part in layer_cache.items():
                 if part_name == "cross" and within_sentence:
@@ -111,14 +131,15 @@ def _as_lists(tokens: Tensor, limits: Tensor, eos_id: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def greedy_decode(model: Transformer, src: Tensor, max_len: int, use_cache: bool = True) -> list[list[int]]:
+def greedy_decode(model: Transformer, src: Tensor, max_len: int, use_cache: bool = True,
+                  no_repeat_ngram: int = 0) -> list[list[int]]:
     """Pick the most probable token at every step; each row stops at eos or after max_len tokens."""
     was_training = model.training
     model.eval()
     try:
         eos = model.cfg.eos_id
         limits = _length_limits(model, src, max_len, 0.0, 0)
-        state = _DecodeState(model, src, use_cache)
+        state = _DecodeState(model, src, use_cache, no_repeat_ngram)
         done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
         for t in range(int(limits.max()) if src.size(0) else 0):
             done |= limits <= t
@@ -140,16 +161,17 @@ def _length_penalty(length: int, alpha: float) -> float:
 
 def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, length_penalty: float = 0.6,
                 max_len: int | None = None, max_len_a: float = 1.2, max_len_b: int = 10,
-                use_cache: bool = True) -> list[list[int]]:
+                use_cache: bool = True, no_repeat_ngram: int = 0) -> list[list[int]]:
     """The best hypothesis per sentence (see beam_search_nbest)."""
-    nbest = beam_search_nbest(model, src, beam_size, length_penalty, max_len, max_len_a, max_len_b, use_cache)
+    nbest = beam_search_nbest(model, src, beam_size, length_penalty, max_len, max_len_a, max_len_b, use_cache,
+                              no_repeat_ngram)
     return [hyps[0][1] for hyps in nbest]
 
 
 @torch.no_grad()
 def beam_search_nbest(model: Transformer, src: Tensor, beam_size: int = 4, length_penalty: float = 0.6,
                       max_len: int | None = None, max_len_a: float = 1.2, max_len_b: int = 10,
-                      use_cache: bool = True) -> list[list[tuple[float, list[int]]]]:
+                      use_cache: bool = True, no_repeat_ngram: int = 0) -> list[list[tuple[float, list[int]]]]:
     """Beam search over the flattened (sentence, beam) rows. Returns, per sentence, every
     finished hypothesis as (log p(Y) / lp(|Y|), token ids), best first.
 
@@ -167,7 +189,7 @@ def beam_search_nbest(model: Transformer, src: Tensor, beam_size: int = 4, lengt
         eos, K, device = model.cfg.eos_id, beam_size, src.device
         B = src.size(0)
         limits = _length_limits(model, src, max_len, max_len_a, max_len_b).tolist()
-        state = _DecodeState(model, src, use_cache)
+        state = _DecodeState(model, src, use_cache, no_repeat_ngram)
         state.reorder(torch.arange(B, device=device).repeat_interleave(K))      # row b*K + k
         # Only beam 0 starts alive, so the K identical initial beams do not fill the beam.
         scores = torch.full((B, K), float("-inf"), device=device)             # (A, K) log p so far

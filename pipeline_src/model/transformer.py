@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .attention import additive_mask, compute_dtype
 from .config import ModelConfig
+from .copy import CopyAttention
 from .layers import Decoder, Encoder
 from .positions import TokenEmbedding, additive_positions, positions_from_mask
 
@@ -48,6 +49,7 @@ class Transformer(nn.Module):
         self.decoder = (Decoder(cfg, cfg.dec_layers, cross=cfg.arch == "encoder_decoder")
                         if cfg.arch != "encoder_only" else None)
         self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
+        self.copy = CopyAttention(d) if cfg.copy_attention else None
         self._init_weights()
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tgt_embed.weight
@@ -101,7 +103,8 @@ class Transformer(nn.Module):
         return memory, key_mask
 
     def decode(self, tgt: Tensor, memory: Tensor | None = None, memory_mask: Tensor | None = None,
-               cache: list[dict] | None = None, start: int = 0, unpadded: bool = False) -> Tensor:
+               cache: list[dict] | None = None, start: int = 0, unpadded: bool = False,
+               src: Tensor | None = None) -> Tensor:
         """Logits for positions start.. of the target sequence tgt (B, T) -> (B, T - start, V).
 
         tgt is always the whole sequence so far (masks and positions depend on all of it), but
@@ -109,6 +112,8 @@ class Transformer(nn.Module):
         values of tgt[:, :start] were stored by earlier calls. Without a cache, start must be 0.
         encoder_only runs its bidirectional stack here (no cache possible: every new token
         changes every earlier position's representation).
+        With model.copy_attention the result is log-probabilities (copy.py) and the call needs
+        the memory, its mask and the source ids src (B, S) at every step, cached or not.
         unpadded (no cache): tgt holds no pad, so self-attention is plain causal attention with
         no mask tensor (SDPA's is_causal path, flash-capable); the result is the same."""
         cfg = self.cfg
@@ -134,7 +139,13 @@ class Transformer(nn.Module):
         cross_mask = (additive_mask(memory_mask[:, None, None, :], dtype)
                       if memory_mask is not None else None)                   # (B, 1, 1, S)
         h = self.decoder(x, self_mask, positions, memory, cross_mask, cache)
-        return self.lm_head(h)                                                # (B, T_new, V)
+        logits = self.lm_head(h)                                              # (B, T_new, V)
+        if self.copy is None:
+            return logits
+        if memory is None or memory_mask is None or src is None:
+            raise ValueError("model.copy_attention needs the encoder memory, its mask and the source ids "
+                             "at every decoding step")
+        return self.copy(logits, h, memory, memory_mask, src)
 
     def decode_static(self, ids: Tensor, positions: Tensor, self_mask: Tensor, memory: Tensor | None,
                       cross_mask: Tensor | None, cache: list[dict]) -> Tensor:
@@ -142,6 +153,8 @@ class Transformer(nn.Module):
         (static_decode.py) that the call writes at its write_at slots; self_mask (N, 1, T, L)
         additive over all L cache slots. Everything is given, nothing inferred from the ids, so
         every decoding step has the same shapes (what a CUDA graph needs)."""
+        if self.copy is not None:
+            raise ValueError("static decoding does not support model.copy_attention: use eval.decoding host")
         x = self.embed(ids, "tgt", positions)
         return self.lm_head(self.decoder(x, self_mask, positions, memory, cross_mask, cache))
 
@@ -164,7 +177,7 @@ class Transformer(nn.Module):
             if src is None:
                 raise ValueError("model.arch encoder_decoder needs src")
             memory, memory_mask = self.encode(src)
-            return self.decode(tgt, memory, memory_mask, unpadded=unpadded)
+            return self.decode(tgt, memory, memory_mask, unpadded=unpadded, src=src)
         if src is not None:
             raise ValueError(f"model.arch {self.cfg.arch} takes src=None (put everything in tgt)")
         return self.decode(tgt, unpadded=unpadded)

@@ -253,7 +253,8 @@ HPARAMS = [
                ("enc_layers", "encoder layers"), ("dec_layers", "decoder layers"), ("d_ff", "$d_{\\mathrm{ff}}$"),
                ("dropout", "dropout $P_{\\mathrm{drop}}$"), ("attention_dropout", "attention dropout"),
                ("pos_encoding", "positional encoding"), ("norm", "layer norm"), ("residual", "residual connections"),
-               ("activation", "activation"), ("tie_embeddings", "tied embeddings")]),
+               ("activation", "activation"), ("tie_embeddings", "tied embeddings"),
+               ("copy_attention", "copy attention")]),
     ("Training", [("max_steps", "max. steps"), ("batch_tokens", "batch (tokens)"), ("grad_accum", "grad. accumulation"),
                   ("lr", "peak learning rate"), ("schedule", "schedule"), ("warmup_steps", "warm-up steps"),
                   ("label_smoothing", "label smoothing $\\epsilon_{ls}$"), ("clip_norm", "gradient clipping"),
@@ -262,6 +263,7 @@ HPARAMS = [
                   ("max_src_len", "max. source tokens"), ("max_tgt_len", "max. target tokens")]),
     ("Decoding / evaluation", [("beam_size", "beam size"), ("length_penalty", "length penalty"),
                                ("max_len_a", "max. length $a$"), ("max_len_b", "max. length $b$"),
+                               ("no_repeat_ngram", "no repeated $n$-gram"),
                                ("max_examples", "test examples (max.)"), ("bootstrap", "bootstrap resamples")]),
 ]
 LM_ONLY = {"lm_seq_len"}
