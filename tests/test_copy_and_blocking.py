@@ -101,3 +101,11 @@ def test_no_repeat_ngram_zero_is_plain_decoding_and_one_is_refused():
     assert beam_search(model, src, beam_size=3, max_len=10, no_repeat_ngram=0) == beam_search(model, src, 3, max_len=10)
     with pytest.raises(ValueError, match="no_repeat_ngram"):
         greedy_decode(model, src, 5, no_repeat_ngram=1)
+
+
+def test_copy_attention_is_counted_in_the_flops():
+    from pipeline_src.model import flops_per_token
+    plain, copy = (ModelConfig(vocab_size=V, d_model=16, n_heads=2, copy_attention=c) for c in (False, True))
+    D, S, T = 16, 10, 4
+    extra = T * (2 * D * D + 2 * 2 * S * D + 2 * 2 * D) + S * 2 * D * D
+    assert flops_per_token(copy, S, T) - flops_per_token(plain, S, T) == pytest.approx(extra / T)

@@ -33,6 +33,9 @@ def flops_per_token(cfg: ModelConfig, src_len: int, tgt_len: int) -> float:
     attention over the memory 2 * 2SD per target token, and K, V projections of the memory
     2 * 2D^2 per *source* token. The output projection 2DV is paid per target token.
 
+    Copy attention (copy.py) adds, per target token, its query 2D^2, its scores and context over
+    the memory 2 * 2SD and its gate 2 * 2D, and per source token its key projection 2D^2.
+
     decoder_only / encoder_only: one stack over the single sequence of n = S + T tokens (the
     caller decides whether the separator counts in S), with the output projection at all n
     positions because the model produces logits everywhere; the total is divided by T.
@@ -50,6 +53,8 @@ def flops_per_token(cfg: ModelConfig, src_len: int, tgt_len: int) -> float:
         cross = cfg.dec_layers * (T * (2 * 2 * D * D + 2 * 2 * S * D) + S * 2 * 2 * D * D)
         decoder = cfg.dec_layers * T * layer(T) + cross
         total = encoder + decoder + T * 2 * D * V
+        if cfg.copy_attention:
+            total += T * (2 * D * D + 2 * 2 * S * D + 2 * 2 * D) + S * 2 * D * D
     else:
         n = S + T
         n_layers = cfg.dec_layers if cfg.arch == "decoder_only" else cfg.enc_layers
