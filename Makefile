@@ -83,8 +83,8 @@ cluster-test: install
 # once); tests marked serial (kill or signal runs at random moments, time them, or print what they
 # measure) run afterwards on their own.
 test: install
-	PIPELINE_QUIET=1 pytest -q -n 2 --dist loadfile -m "not serial" tests
-	PIPELINE_QUIET=1 pytest -q -m serial tests
+	PIPELINE_QUIET=1 pytest -q -n 2 --dist loadfile -m "not serial" --durations=15 tests
+	PIPELINE_QUIET=1 pytest -q -m serial --durations=5 tests
 
 # What a GPU node without internet needs, packed for it (README "On a GPU node without internet").
 bundle: install

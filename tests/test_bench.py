@@ -28,8 +28,10 @@ MIRROR = Path(os.environ.get("PIPELINE_DATA_MIRROR", ROOT.parent / "shared" / "d
                                                                                 reason="needs the mirror's CNN/DailyMail"))])
 def test_benchmark_quick_run_writes_its_record(bench, record, tmp_path):
     env = checkout_env()
-    # bench_compile: one compiled variant over two shapes (each variant is two fresh processes)
-    extra = ["--variants", "layers/auto", "--shapes", "2"] if bench == "bench_compile.py" else []
+    # The smallest run that still goes through every code path of the benchmark:
+    extra = {"bench_compile.py": ["--variants", "layers/auto", "--shapes", "2"],  # one compiled variant, two shapes
+             "bench_pipeline.py": ["--cells", "2", "--seeds", "2"],  # a 2 x 2 grid instead of 12 x 4
+             "bench_real_cell.py": ["--budget-s", "5"]}.get(bench, [])  # 5 s of training per cell, not 15
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--quick", "--out", str(tmp_path), *extra],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

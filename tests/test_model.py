@@ -799,12 +799,15 @@ def test_eval_decoding_setting_picks_the_beam_search_that_can_run_here():
     from pipeline_src.evaluate import decoding_method
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    ev = lambda d: SimpleNamespace(decoding=d)  # noqa: E731
+    ev = lambda d, n=0: SimpleNamespace(decoding=d, no_repeat_ngram=n)  # noqa: E731
     assert decoding_method(ev("auto"), make("encoder_decoder"), cuda) == "host"
     assert decoding_method(ev("static"), make("decoder_only"), cpu) == "static"
     assert decoding_method(ev("graphs"), make("encoder_decoder"), cpu) == "static"   # CUDA graphs need CUDA
     assert decoding_method(ev("graphs"), make("encoder_decoder"), cuda) == "graphs"
     assert decoding_method(ev("graphs"), make("encoder_only"), cuda) == "host"       # no causal decoder
+    # n-gram blocking and copy attention exist in the host beam search only
+    assert decoding_method(ev("graphs", 3), make("encoder_decoder"), cuda) == "host"
+    assert decoding_method(ev("static"), make("encoder_decoder", copy_attention=True), cpu) == "host"
 
 
 @pytest.mark.parametrize("arch", ["encoder_decoder", "decoder_only", "encoder_only"])
