@@ -66,19 +66,33 @@ def _study(name: str, claims: dict, seeds=None):
     return load_study(name)
 
 
+# Trains and evaluates the runs named on the command line ("cell:seed"), one after another in one
+# process (no start-up per run), with the stage functions the pipeline calls.
+_WORKER = """
+import sys
+from pipeline_src import evaluate, train
+from pipeline_src.config import load_study
+study = load_study("calib.yaml")
+for cell, seed in (arg.split(":") for arg in sys.argv[1:]):
+    train.run(study, "lm", cell, int(seed))
+    evaluate.run(study, "lm", cell, int(seed))
+"""
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """72 real training runs and their evaluations (in-process, one thread), as results.csv rows."""
-    import torch
+    """72 real training runs and their evaluations, as results.csv rows: two worker processes
+    (one per core) of one-thread runs, whose bytes do not depend on which worker made them."""
+    import os
+    import subprocess
+    import sys
 
-    from pipeline_src import evaluate, train
     from pipeline_src.bpe import run as bpe
     from pipeline_src.data.download import run as download
     from pipeline_src.data.filter import run as filter_
     from pipeline_src.report.aggregate import collect_results
 
     root = tmp_path_factory.mktemp("calibration")
-    threads = torch.get_num_threads()
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(root)
         mp.setenv("PIPELINE_QUIET", "1")
@@ -87,12 +101,15 @@ def runs(tmp_path_factory):
         download(study, "grammar")
         filter_(study, "lm", "default")
         bpe(study, "lm", "default", None)
-        for cell in NOISE + [PLANTED]:
-            for seed in SEEDS:
-                train.run(study, "lm", cell, seed)
-                evaluate.run(study, "lm", cell, seed)
+        every = [f"{cell}:{seed}" for cell in NOISE + [PLANTED] for seed in SEEDS]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                           os.environ.get("PYTHONPATH", "")]))
+        workers = [subprocess.Popen([sys.executable, "-c", _WORKER, *every[k::2]], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
+        for worker in workers:
+            out, _ = worker.communicate()
+            assert worker.returncode == 0, out[-3000:]
         results = collect_results(study)
-        torch.set_num_threads(threads)
         yield root, results
 
 
