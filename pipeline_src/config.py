@@ -22,6 +22,9 @@ import yaml
 from .common import ConfigError  # noqa: F401  (raised here; re-exported for callers)
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "params.schema.yaml"
+# libyaml's parser where PyYAML has it: the same documents about 8x faster, which every stage
+# pays when it reads its params file and the schema.
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 NAME_RE = re.compile(r"^[a-z0-9_-]+$")
 SPLITS = ("train", "validation", "test")
 
@@ -383,13 +386,23 @@ def _key(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
 
+def read_yaml(text: str):
+    """yaml.safe_load, with libyaml's parser where PyYAML has it."""
+    return yaml.load(text, Loader=YAML_LOADER)
+
+
+@functools.lru_cache(maxsize=None)
+def _schema() -> dict:
+    return read_yaml(SCHEMA_PATH.read_text())
+
+
 @functools.lru_cache(maxsize=None)
 def _validator(part: str = ""):
     """The params schema's validator, or (part="cell") that of one entry of `cells:`, which
     checks the cells a sweep generates."""
     import jsonschema
 
-    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema = _schema()
     if part == "cell":
         schema = dict(schema["properties"]["cells"]["additionalProperties"], **{"$defs": schema["$defs"]})
     return jsonschema.Draft202012Validator(schema)
@@ -598,7 +611,7 @@ def load_study(path: str | Path) -> Study:
     except UnicodeDecodeError as e:
         raise ConfigError(f"{where}: not UTF-8 (byte {e.start})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = read_yaml(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
