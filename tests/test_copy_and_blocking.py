@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from pipeline_src.model import ModelConfig, Transformer, beam_search, greedy_decode
+from pipeline_src.model.copy import CopyAttention
+from pipeline_src.model.decode import beam_search_nbest
 from pipeline_src.model.static_decode import beam_search_static
 
 V = 40
@@ -62,6 +64,28 @@ def test_copy_decoding_with_cache_equals_without():
     assert greedy_decode(model, src, 8) == greedy_decode(model, src, 8, use_cache=False)
     assert (beam_search(model, src, beam_size=3, max_len=8)
             == beam_search(model, src, beam_size=3, max_len=8, use_cache=False))
+
+
+def test_copy_keys_computed_once_per_sentence_decode_as_recomputed_every_step(monkeypatch):
+    """Decoding computes the copy layer's keys of the memory once and gathers them with the rows
+    when a sentence finishes; the scores are those of keys recomputed at every step, bit for bit."""
+    model, src = make(), source()                     # row 0 is shorter: it stops first
+    forward, rows = CopyAttention.forward, []
+
+    def recording(self, logits, h, memory, memory_mask, src, keys=None):
+        assert keys is not None and keys.size(0) == memory.size(0)
+        rows.append(keys.size(0))
+        return forward(self, logits, h, memory, memory_mask, src, keys)
+
+    def recomputing(self, logits, h, memory, memory_mask, src, keys=None):
+        return forward(self, logits, h, memory, memory_mask, src)
+
+    kwargs = dict(beam_size=3, max_len_a=1.0, max_len_b=0)
+    monkeypatch.setattr(CopyAttention, "forward", recording)
+    once = beam_search_nbest(model, src, **kwargs)
+    assert rows[0] == 9 and min(rows) < 9          # 3 sentences x 3 beams, then a sentence finished
+    monkeypatch.setattr(CopyAttention, "forward", recomputing)
+    assert beam_search_nbest(model, src, **kwargs) == once
 
 
 def test_copy_attention_needs_an_encoder_decoder_and_the_host_beam_search():

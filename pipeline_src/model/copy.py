@@ -33,11 +33,19 @@ class CopyAttention(nn.Module):
         self.key = nn.Linear(d_model, d_model, bias=False)
         self.gate = nn.Linear(2 * d_model, 1)
 
-    def forward(self, logits: Tensor, h: Tensor, memory: Tensor, memory_mask: Tensor, src: Tensor) -> Tensor:
+    def keys(self, memory: Tensor) -> Tensor:
+        """k(m) (B, S, D): what each step's query is matched against. Decoding computes it once per
+        sentence (decode.py, as the cross-attention K/V) and passes it back in as `keys`."""
+        return self.key(memory.float())
+
+    def forward(self, logits: Tensor, h: Tensor, memory: Tensor, memory_mask: Tensor, src: Tensor,
+                keys: Tensor | None = None) -> Tensor:
         """logits (B, T, V) of the output projection, h (B, T, D) decoder states, memory (B, S, D),
-        memory_mask (B, S) bool True = real source token, src (B, S) source ids -> log P (B, T, V)."""
+        memory_mask (B, S) bool True = real source token, src (B, S) source ids, keys = keys(memory)
+        if already computed -> log P (B, T, V)."""
         h, memory = h.float(), memory.float()                                  # mixing in fp32
-        scores = self.query(h) @ self.key(memory).transpose(1, 2) / math.sqrt(h.size(-1))   # (B, T, S)
+        keys = self.keys(memory) if keys is None else keys                     # (B, S, D)
+        scores = self.query(h) @ keys.transpose(1, 2) / math.sqrt(h.size(-1))  # (B, T, S)
         scores = scores.masked_fill(~memory_mask[:, None, :], float("-inf"))
         attn = scores.softmax(dim=-1)                                          # (B, T, S)
         context = attn @ memory                                                # (B, T, D)

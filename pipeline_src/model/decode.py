@@ -48,9 +48,11 @@ class _DecodeState:
         if cfg.arch == "encoder_decoder":
             self.memory, self.memory_mask = model.encode(src)         # (B, S, D), (B, S)
             self.src = src if cfg.copy_attention else None             # copy attention points into it
+            # the copy layer's keys of the memory: fixed per sentence, like the cross-attention K/V
+            self.copy_keys = model.copy.keys(self.memory) if cfg.copy_attention else None   # (B, S, D)
             self.tokens = bos
         else:
-            self.memory = self.memory_mask = self.src = None
+            self.memory = self.memory_mask = self.src = self.copy_keys = None
             self.tokens = torch.cat((src, bos), dim=1)
         self.prefix_len = self.tokens.size(1)
         self.cache = model.new_cache() if use_cache and cfg.arch != "encoder_only" else None
@@ -63,7 +65,7 @@ class _DecodeState:
     def next_log_probs(self) -> Tensor:
         """(N, V) float32 log-probabilities of the next token, pad and bos excluded."""
         logits = self.model.decode(self.tokens, self.memory, self.memory_mask, self.cache, self.n_cached,
-                                   src=self.src)
+                                   src=self.src, copy_keys=self.copy_keys)
         if self.cache is not None:
             self.n_cached = self.tokens.size(1)
         logits = logits[:, -1].float()
@@ -97,6 +99,7 @@ class _DecodeState:
         if self.memory is not None and not within_sentence:
             self.memory, self.memory_mask = self.memory[rows], self.memory_mask[rows]
             self.src = self.src[rows] if self.src is not None else None
+            self.copy_keys = self.copy_keys[rows] if self.copy_keys is not None else None
         for layer_cache in self.cache or []:
             for part_name, part in layer_cache.items():
                 if part_name == "cross" and within_sentence:

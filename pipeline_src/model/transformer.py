@@ -104,7 +104,7 @@ class Transformer(nn.Module):
 
     def decode(self, tgt: Tensor, memory: Tensor | None = None, memory_mask: Tensor | None = None,
                cache: list[dict] | None = None, start: int = 0, unpadded: bool = False,
-               src: Tensor | None = None) -> Tensor:
+               src: Tensor | None = None, copy_keys: Tensor | None = None) -> Tensor:
         """Logits for positions start.. of the target sequence tgt (B, T) -> (B, T - start, V).
 
         tgt is always the whole sequence so far (masks and positions depend on all of it), but
@@ -113,7 +113,8 @@ class Transformer(nn.Module):
         encoder_only runs its bidirectional stack here (no cache possible: every new token
         changes every earlier position's representation).
         With model.copy_attention the result is log-probabilities (copy.py) and the call needs
-        the memory, its mask and the source ids src (B, S) at every step, cached or not.
+        the memory, its mask and the source ids src (B, S) at every step, cached or not; copy_keys
+        (self.copy.keys(memory)) spares recomputing the copy layer's keys of the memory.
         unpadded (no cache): tgt holds no pad, so self-attention is plain causal attention with
         no mask tensor (SDPA's is_causal path, flash-capable); the result is the same."""
         cfg = self.cfg
@@ -145,7 +146,7 @@ class Transformer(nn.Module):
         if memory is None or memory_mask is None or src is None:
             raise ValueError("model.copy_attention needs the encoder memory, its mask and the source ids "
                              "at every decoding step")
-        return self.copy(logits, h, memory, memory_mask, src)
+        return self.copy(logits, h, memory, memory_mask, src, copy_keys)
 
     def decode_static(self, ids: Tensor, positions: Tensor, self_mask: Tensor, memory: Tensor | None,
                       cross_mask: Tensor | None, cache: list[dict]) -> Tensor:
