@@ -24,12 +24,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from ..common import StageError, atomic_dir
 from ..seed_plan import run_seeds
 from . import PRIMARY, data_size_cells, read_csv, run_paths
+
+# pandas is imported where frames are made: every DVC stage imports this module (through
+# dvc_yaml.stale_message) and should not pay for pandas.
+if TYPE_CHECKING:
+    import pandas as pd
 
 CURVES = ("train_loss", "val_loss")
 KEEP = ".gitkeep"  # in the metrics folder, so that git keeps it before the study is run (.dvcignore hides it)
@@ -127,6 +131,8 @@ def _read_log(path: Path) -> pd.DataFrame:
 
 
 def _curve(study, task: str, cell: str, column: str) -> pd.DataFrame:
+    import pandas as pd
+
     both = pd.concat([_read_log(run_paths(study, task, cell, seed)["log"]) for seed in run_seeds(study, task, cell)])
     both[column] = pd.to_numeric(both[column], errors="coerce")
     curve = both.dropna(subset=[column]).groupby("step", sort=True)[column].mean()
@@ -134,6 +140,8 @@ def _curve(study, task: str, cell: str, column: str) -> pd.DataFrame:
 
 
 def _learning_curve(study, task, headline: dict) -> pd.DataFrame:
+    import pandas as pd
+
     from ..stages import data_paths
     from . import read_json
 
@@ -155,6 +163,8 @@ def build(study, summary: pd.DataFrame) -> dict:
 
 
 def write(study, views: dict, metrics_dir: Path, plots_dir: Path) -> None:
+    import pandas as pd
+
     headline, curves = views["headline"], views["curves"]
     with atomic_dir(metrics_dir) as tmp:
         (tmp / KEEP).write_text("", encoding="utf-8")
