@@ -1,7 +1,9 @@
-"""A copy of the project's files (tracked and untracked-but-not-ignored), for tests that run
-Snakemake, DVC or git on a repository of their own without touching the checkout; and the
-environment for tests that run this checkout's stages in a subprocess."""
+"""A copy of the project as shipped (tracked and untracked-but-not-ignored files; what a study run
+wrote over its views is left out), for tests that run Snakemake, DVC or git on a repository of their own
+without touching the checkout; and the environment for tests that run this checkout's stages in a
+subprocess."""
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -9,13 +11,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# What a run of a study writes into files git keeps or would pick up: the studies' DVC views
+# (reports/<study>/metrics, reports/<study>/plots) and DVC's lock files. The copy has them as
+# committed, so that a test sees the studies as shipped even after `make demo` ran in this checkout.
+RUN_OUTPUTS = re.compile(r"reports/[^/]+/(metrics|plots)/.*|(.*/)?dvc\.lock")
+
+
 def copy_project(dest: Path) -> Path:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.split()
-    for f in files:
-        if (ROOT / f).is_file():
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    tracked = set(git("ls-files").split())
+    committed = []  # run outputs git keeps: copied as staged, not as a run left them
+    for f in git("ls-files", "-co", "--exclude-standard").split():
+        if RUN_OUTPUTS.fullmatch(f):
+            committed += [f] if f in tracked else []
+        elif (ROOT / f).is_file():
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, dest / f)
+    if committed:
+        git("checkout-index", f"--prefix={dest}/", "--", *committed)
     return dest
 
 
