@@ -80,10 +80,10 @@ cluster-test: install
 	  tests/cluster/check_slurm.sh && tests/cluster/check_dvc_remote.sh
 
 # Two test processes share the cores (pytest-xdist, one file per worker so module fixtures are built
-# once); tests marked serial (kill or signal runs at random moments, time them, or print what they
-# measure) run afterwards on their own.
+# once; the longest files first, tests/conftest.py); tests marked serial (kill or signal runs at
+# random moments, or time them) run afterwards on their own.
 test: install
-	PIPELINE_QUIET=1 pytest -q -n 2 --dist loadfile -m "not serial" --durations=15 tests
+	PIPELINE_QUIET=1 pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not serial" --durations=15 tests
 	PIPELINE_QUIET=1 pytest -q -m serial --durations=5 tests
 
 # What a GPU node without internet needs, packed for it (README "On a GPU node without internet").

@@ -30,9 +30,7 @@ import yaml
 from pipeline_src.config import load_study
 from pipeline_src.report import claims as C
 
-# serial: run in the main pytest process, so that the rates it prints reach the terminal
-# (pytest-xdist workers' output does not)
-pytestmark = pytest.mark.serial
+# The rates are printed in the run's summary ("measured", tests/conftest.py).
 SEEDS = list(range(12))
 NOISE = ["baseline", "order_1", "order_2", "order_3", "order_4"]
 PLANTED = "lr_low"
@@ -131,7 +129,7 @@ def test_runs_trained_and_noise_cells_differ_only_by_noise(runs):
     assert (ppl[PLANTED] > ppl["baseline"]).mean() > 0.9
 
 
-def test_a_a_comparisons_are_calibrated_and_a_planted_effect_is_found(runs, capsys):
+def test_a_a_comparisons_are_calibrated_and_a_planted_effect_is_found(runs, measured):
     root, results = runs
     rng = np.random.default_rng(0)
     with pytest.MonkeyPatch.context() as mp:
@@ -145,14 +143,13 @@ def test_a_a_comparisons_are_calibrated_and_a_planted_effect_is_found(runs, caps
         planted = _study("planted.yaml", _claim(PLANTED, "baseline", expect="higher"))
         found = _verdicts(planted, results, _triples(rng, 100))
     fpr, power = false / total, found.count("supported") / len(found)
-    with capsys.disabled():
-        print(f"\n[calibration] real runs, 3 runs per cell: A/A verdicts {false}/{total} = {fpr:.1%} "
-              f"(nominal 5 %); planted effect found {found.count('supported')}/{len(found)} = {power:.0%}")
+    measured(f"[calibration] real runs, 3 runs per cell: A/A verdicts {false}/{total} = {fpr:.1%} "
+           f"(nominal 5 %); planted effect found {found.count('supported')}/{len(found)} = {power:.0%}")
     assert fpr <= 0.10
     assert power >= 0.8 and "contradicted" not in found
 
 
-def test_adaptive_seeds_keep_the_error_rate_over_two_looks(runs, capsys):
+def test_adaptive_seeds_keep_the_error_rate_over_two_looks(runs, measured):
     from pipeline_src.report.plan import decide
 
     root, results = runs
@@ -179,13 +176,12 @@ def test_adaptive_seeds_keep_the_error_rate_over_two_looks(runs, capsys):
         planted = _study("seq_planted.yaml", _claim(PLANTED, "baseline", expect="higher"), seeds={"min": 3, "max": 6})
         found = [judge(planted, list(rng.permutation(SEEDS)[:6]))[0] for _ in range(60)]
     fpr, power = false / total, found.count("supported") / len(found)
-    with capsys.disabled():
-        print(f"[calibration] real runs, adaptive seeds 3 -> 6: A/A verdicts {false}/{total} = {fpr:.1%} "
-              f"({extended} comparisons extended); planted effect found {power:.0%}")
+    measured(f"[calibration] real runs, adaptive seeds 3 -> 6: A/A verdicts {false}/{total} = {fpr:.1%} "
+           f"({extended} comparisons extended); planted effect found {power:.0%}")
     assert fpr <= 0.10 and power >= 0.8
 
 
-def test_simulated_a_a_with_independent_comparisons(capsys):
+def test_simulated_a_a_with_independent_comparisons(measured):
     """Normal per-seed differences, independent A/A comparisons (10,000 with 3 runs, 5,000 with
     adaptive seeds), through the
     engine's decision for one comparison (claims.judge_alone) and the seed plan's rule."""
@@ -204,8 +200,7 @@ def test_simulated_a_a_with_independent_comparisons(capsys):
         adaptive.append(first["verdict"])
     rates = {name: sum(v in ("supported", "contradicted") for v in verdicts) / len(verdicts)
              for name, verdicts in (("fixed, 3 runs", fixed), ("adaptive 3 -> 6", adaptive))}
-    with capsys.disabled():
-        print("[calibration] simulated A/A (normal differences): "
-              + ", ".join(f"{k}: {v:.2%}" for k, v in rates.items()) + " (nominal 5 %)")
+    measured("[calibration] simulated A/A (normal differences): "
+           + ", ".join(f"{k}: {v:.2%}" for k, v in rates.items()) + " (nominal 5 %)")
     assert 0.043 <= rates["fixed, 3 runs"] <= 0.057  # calibrated: about alpha (3 standard errors)
     assert rates["adaptive 3 -> 6"] <= 0.055

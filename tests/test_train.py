@@ -23,8 +23,6 @@ from project_copy import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml"
-# serial: SIGKILL at random moments and two DDP processes (Makefile `test` runs these alone)
-pytestmark = pytest.mark.serial
 
 
 def _env(**extra):
@@ -95,6 +93,7 @@ def _wait_for_first_state(proc, scratch: Path) -> float:
     return time.perf_counter()
 
 
+@pytest.mark.serial  # SIGKILL at a random moment (Makefile `test` runs the serial tests alone)
 def test_sigkill_at_a_random_moment_then_restart_gives_identical_results(workdir):
     metrics, ckpt, scratch = _outputs(workdir)
     others = [Path(output_path("train", name, study="tiny", task="reorder", cell="baseline", seed=0))
@@ -124,6 +123,7 @@ def test_sigkill_at_a_random_moment_then_restart_gives_identical_results(workdir
     assert not scratch.exists()  # scratch state is removed once the outputs are written
 
 
+@pytest.mark.serial  # two DDP processes, one per core
 def test_ddp_two_gloo_processes_match_one_process(workdir):
     metrics, ckpt, _ = _outputs(workdir)
     _clear(workdir)
