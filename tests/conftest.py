@@ -2,9 +2,10 @@
 reports.
 
 * Order: `make test` runs the files on two pytest-xdist workers, one file per worker at a time
-  (`--dist loadfile --no-loadscope-reorder`), in the order collected here. The files that run
-  whole studies (marked `slow`) take minutes each and go first, the longest first, so that the
-  many short files fill in at the end instead of one long file running alone on one core.
+  (`--dist loadfile --no-loadscope-reorder`), in the order collected here. The longest files
+  (whole studies under both drivers, benchmarks, the calibration runs) take a minute or more each
+  and go first, the longest first, so that the many short files fill in at the end instead of one
+  long file running alone on one core.
 * Measurements: `measured(line)` records a line of what a test measured (an error rate, a
   throughput); the lines are printed at the end of the run, also from xdist workers, whose own
   output pytest does not show.
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import pytest
 
-# Seconds per file on two workers (AMD EPYC, 2 cores), for the order only: a wrong or missing
-# figure changes how well the two workers are balanced, never what is tested.
+# Seconds per file on two workers (AMD EPYC, 2 cores; a file marked slow and not listed counts
+# 30), for the order only: a wrong or missing figure changes how well the two workers are
+# balanced, never what is tested.
 SLOW_FILE_SECONDS = {
     "test_adaptive.py": 160, "test_rerun.py": 150, "test_views.py": 132, "test_bench.py": 85,
     "test_node.py": 78, "test_calibration.py": 43, "test_dag.py": 34, "test_dvc_studies.py": 34,
@@ -22,13 +24,12 @@ SLOW_FILE_SECONDS = {
 
 
 def pytest_collection_modifyitems(config, items):
-    def weight(item) -> float:
+    weight: dict[str, float] = {}  # per file, so that a file's tests stay together
+    for item in items:
         name = item.path.name
-        if name in SLOW_FILE_SECONDS:
-            return SLOW_FILE_SECONDS[name]
-        return 30.0 if item.get_closest_marker("slow") else 0.0
-
-    items.sort(key=lambda item: -weight(item))  # stable: a file's tests keep their order
+        guess = SLOW_FILE_SECONDS.get(name, 30.0 if item.get_closest_marker("slow") else 0.0)
+        weight[name] = max(weight.get(name, 0.0), guess)
+    items.sort(key=lambda item: -weight[item.path.name])  # stable: a file's tests keep their order
 
 
 @pytest.fixture
