@@ -23,7 +23,7 @@ SLOW_FILE_SECONDS = {
 }
 
 
-def pytest_collection_modifyitems(config, items):
+def pytest_collection_modifyitems(items):
     weight: dict[str, float] = {}  # per file, so that a file's tests stay together
     for item in items:
         name = item.path.name

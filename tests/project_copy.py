@@ -21,14 +21,12 @@ def copy_project(dest: Path) -> Path:
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
-    tracked = set(git("ls-files").split())
-    committed = []  # run outputs git keeps: copied as staged, not as a run left them
     for f in git("ls-files", "-co", "--exclude-standard").split():
-        if RUN_OUTPUTS.fullmatch(f):
-            committed += [f] if f in tracked else []
-        elif (ROOT / f).is_file():
+        if not RUN_OUTPUTS.fullmatch(f) and (ROOT / f).is_file():
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / f, dest / f)
+    # run outputs git keeps: copied as staged, not as a run left them; untracked ones not at all
+    committed = [f for f in git("ls-files").split() if RUN_OUTPUTS.fullmatch(f)]
     if committed:
         git("checkout-index", f"--prefix={dest}/", "--", *committed)
     return dest
