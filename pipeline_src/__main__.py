@@ -211,7 +211,8 @@ def exit_now(code: int) -> None:
     """Exit without the interpreter's teardown once everything the stage wrote is closed.
 
     With torch loaded, tearing the interpreter down (module clean-up, libtorch's static
-    destructors) takes ~0.3 s of a ~1 s start-up floor per job, on every job of a study. What a
+    destructors) takes ~0.3 s, on top of the ~0.8 s that importing torch took, in every job of a
+    study. What a
     normal exit does that matters still happens: atexit handlers (logging's flush, temporary
     directories, multiprocessing's children) and the flush of stdout/stderr. A process that still
     has a non-daemon thread running exits the normal way, which waits for it, and so does one
