@@ -212,14 +212,14 @@ def exit_now(code: int) -> None:
 
     With torch loaded, tearing the interpreter down (module clean-up, libtorch's static
     destructors) takes ~0.3 s, on top of the ~0.8 s that importing torch took, in every job of a
-    study. What a
-    normal exit does that matters still happens: atexit handlers (logging's flush, temporary
-    directories, multiprocessing's children) and the flush of stdout/stderr. A process that still
-    has a non-daemon thread running exits the normal way, which waits for it, and so does one
-    under a profiler or debugger (`python -m cProfile -m pipeline_src ...` writes its stats after
-    the stage returns).
+    study. What a normal exit does that matters still happens: atexit handlers (logging's flush,
+    temporary directories, multiprocessing's children) and the flush of stdout/stderr. A process
+    that still has a non-daemon thread running exits the normal way, which waits for it, and so
+    does one under a profiler or debugger (`python -m cProfile -m pipeline_src ...` writes its
+    stats after the stage returns).
     """
     import atexit
+    import contextlib
     import threading
 
     if sys.getprofile() or sys.gettrace() or any(
@@ -227,11 +227,9 @@ def exit_now(code: int) -> None:
         sys.exit(code)
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
+        if stream is not None:  # main() sets stdout to None when its reader went away
+            with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe
                 stream.flush()
-        except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
-            pass
     os._exit(code)
 
 
