@@ -235,4 +235,11 @@ def exit_now(code: int) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from . import preload
+
+    if sys.argv[1:2] == ["preload"]:  # python -m pipeline_src preload COMMAND...: pipeline_src/preload.py
+        sys.exit(preload.serve(sys.argv[2:]))
+    status = preload.run_in_preloaded()  # under it, the stage runs in a copy of the server
+    if status is not None:
+        sys.exit(status)
     exit_now(main())

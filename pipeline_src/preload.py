@@ -1,0 +1,378 @@
+"""Start-up server: stage processes forked from one that has already imported the libraries.
+
+A job of a small study (the demo, the test suite's studies) spends most of its ~1.1 s importing
+torch and the other libraries (~0.8 s), not in its stage. Under
+
+    python -m pipeline_src preload COMMAND...      (e.g. snakemake ..., dvc repro ..., pytest ...)
+
+this process imports them once, then runs COMMAND with PIPELINE_PRELOAD naming a socket. Each
+`python -m pipeline_src <stage>` started under it, however deep (Snakemake, DVC, a test), sends
+its arguments, working directory, environment and standard streams there instead of importing
+anything. The server forks a copy of itself, which runs the stage in that directory and
+environment, importing pipeline_src afresh from there, as a normal run does. The arithmetic is the
+same, so are the bytes (tests/test_preload.py).
+
+What stays as in a normal run:
+* the exit status is the stage's, and a stage killed by a signal kills the job's process with
+  the same signal;
+* signals sent to the job's process (SIGTERM, SIGINT, SIGUSR1, ...) reach the stage; if the job's
+  process is killed outright (SIGKILL), the stage and anything it started are killed with it;
+* a job whose interpreter or environment differs where it matters before its first line runs
+  (another Python, its flags, thread, allocator or library settings read at import) runs the
+  normal way, and so does every job under SLURM, whose limits and accounting belong to the job's
+  own processes. So does one with PIPELINE_PRELOAD unset or its server gone.
+
+What differs: the stage is not a child of the job's process, so whatever measures a job's process
+tree from outside (Snakemake's `benchmark:` files: memory and CPU columns; wall time is right)
+sees only the forwarding process. The benchmarks (bench/) run without the server for that reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+
+# Read before a stage's first line runs (by the interpreter, or by a library at import), so a job
+# that sets one of these differently from the server runs the normal way. PYTHONPATH, and the
+# two below, are applied to the forked copy instead.
+_IMPORT_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "GOTO_", "ATEN_", "ONEDNN_", "DNNL_",
+                         "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "MPL", "LD_", "MALLOC_", "GLIBC_TUNABLES",
+                         "PIPELINE_MALLOC", "TOKENIZERS_", "HF_", "TRANSFORMERS_", "HOME", "XDG_", "LANG", "LC_")
+_APPLIED_PER_JOB = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
+# Thread counts, which Snakemake sets for every job (its `threads`): applied to the job's copy
+# through the libraries' own calls, as long as each group asks for one number.
+_THREAD_GROUPS = {"torch": ("OMP_NUM_THREADS", "MKL_NUM_THREADS"), "blas": ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")}
+_NO_EFFECT_HERE = ("VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # macOS's Accelerate; numexpr, not loaded
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                     signal.SIGUSR2, signal.SIGALRM)
+_HEADER = struct.Struct("!I")  # each message: its length, then JSON
+
+
+# --- the job's side: `python -m pipeline_src <stage>` ------------------------------------------------
+
+
+def run_in_preloaded() -> int | None:
+    """Run this stage in a copy of the server; its exit status, or None to run it here."""
+    path = os.environ.get("PIPELINE_PRELOAD")
+    if not path or "torch" in sys.modules or os.environ.get("SLURM_JOB_ID") or sys.gettrace() or sys.getprofile():
+        return None  # not asked; already a copy of the server (or loaded anyway); a SLURM job; a profiler
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+    except OSError:
+        return None  # the server is gone: run here
+    umask = os.umask(0)
+    os.umask(umask)
+    request = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask,
+               "executable": os.path.realpath(sys.executable), "flags": _flags(),
+               "xoptions": sys._xoptions, "warnoptions": sys.warnoptions}
+    streams = [fd if _is_open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
+    body = json.dumps(request).encode()
+    socket.send_fds(conn, [_HEADER.pack(len(body)) + body], streams)
+    reply = _receive(conn)
+    if reply is None or "run_here" in reply:
+        return None
+    pid = reply["pid"]
+
+    def forward(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:  # already ended: its status is on its way
+            pass
+
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, forward)
+    reply = _receive(conn)
+    if reply is None:  # the server died under the stage
+        print("error: the start-up server (PIPELINE_PRELOAD) went away while the stage ran", file=sys.stderr)
+        return 1
+    status = reply["status"]
+    if status < 0:  # killed by a signal: die of the same one, so that the caller sees what it would have
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+        return 128 - status
+    return status
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _flags() -> list:
+    flags = sys.flags
+    return [getattr(flags, name) for name in dir(flags)
+            if not name.startswith(("_", "n_")) and name not in ("count", "index", "dont_write_bytecode")]
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    body = json.dumps(message).encode()
+    conn.sendall(_HEADER.pack(len(body)) + body)
+
+
+def _receive(conn: socket.socket, first: bytes = b"") -> dict | None:
+    data = first
+    while len(data) < _HEADER.size or len(data) < _HEADER.size + _HEADER.unpack_from(data)[0]:
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            return None
+        data += chunk
+    return json.loads(data[_HEADER.size:_HEADER.size + _HEADER.unpack_from(data)[0]])
+
+
+# --- the server: `python -m pipeline_src preload COMMAND...` ----------------------------------------
+
+
+def _import_libraries() -> None:
+    """What every training and evaluation job imports (~0.8 s). Not what only a few jobs use
+    (pandas, matplotlib, rouge-score: ~0.3-0.7 s, 30-80 MB each): a job that needs them imports
+    them itself, so a job's peak memory (cost.json) stays what it is in a normal run."""
+    from .allocator import keep_freed_memory
+
+    keep_freed_memory()  # as every stage does, before torch allocates; the copies inherit it
+    import numpy  # noqa: F401
+    import sacrebleu  # noqa: F401
+    import sentencepiece  # noqa: F401
+    import torch  # noqa: F401
+    import yaml  # noqa: F401
+
+
+def serve(command: list[str]) -> int:
+    """Run COMMAND with PIPELINE_PRELOAD set, serving its stage processes; COMMAND's exit status."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    if not command:
+        print("usage: python -m pipeline_src preload COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    _import_libraries()
+    folder = tempfile.mkdtemp(prefix="pipeline-preload-")
+    path = os.path.join(folder, "socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(128)
+    try:
+        proc = subprocess.Popen(command, env=dict(os.environ, PIPELINE_PRELOAD=path))
+    except OSError as e:
+        print(f"error: preload: cannot run {command[0]!r}: {e.strerror}", file=sys.stderr)
+        shutil.rmtree(folder, ignore_errors=True)
+        return 127
+    # Signals for the command go to it (a terminal's Ctrl-C reaches both: the command decides).
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, lambda signum, _frame: proc.poll() is None and proc.send_signal(signum))
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    done = os.pidfd_open(proc.pid)
+    selector.register(done, selectors.EVENT_READ)
+    supervisors: set[int] = set()
+    try:
+        while proc.poll() is None:
+            for key, _ in selector.select(timeout=5.0):
+                if key.fileobj is listener:
+                    conn, _ = listener.accept()
+                    pid = os.fork()
+                    if pid == 0:  # one supervisor per job: it forks the job's copy and reports its end
+                        code = 1
+                        try:
+                            selector.close()
+                            os.close(done)
+                            listener.close()
+                            code = _supervise(conn)
+                        finally:
+                            os._exit(code)
+                    conn.close()
+                    supervisors.add(pid)
+            for pid in list(supervisors):  # reap the supervisors that have ended
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    supervisors.discard(pid)
+    finally:
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+
+
+def _supervise(conn: socket.socket) -> int:
+    """In a fork of the server: take one job's request, fork the copy that runs it, wait for it
+    and send its exit status; kill it if the job's process goes away first."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)  # the job's process forwards what is meant for the stage
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    request = _receive(conn, data)
+    if request is None or len(fds) != 3:
+        return 1
+    why = _differs(request)
+    if why:
+        _send(conn, {"run_here": why})
+        return 0
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            conn.close()
+            code = _run_stage(request, fds)
+        finally:
+            os._exit(code)
+    for fd in fds:
+        os.close(fd)
+    _send(conn, {"pid": pid})
+    ended = os.pidfd_open(pid)
+    selector = selectors.DefaultSelector()
+    selector.register(ended, selectors.EVENT_READ)
+    selector.register(conn, selectors.EVENT_READ)
+    while True:
+        events = selector.select()
+        if any(key.fd == ended for key, _ in events):
+            break
+        if not conn.recv(1):  # the job's process is gone (killed): the stage goes with it
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            os.waitpid(pid, 0)
+            return 0
+    _, status = os.waitpid(pid, 0)
+    try:
+        _send(conn, {"status": os.waitstatus_to_exitcode(status)})
+    except OSError:
+        pass  # the job's process went away as the stage ended
+    return 0
+
+
+def _differs(request: dict) -> str | None:
+    """Why this job must run the normal way (something read before its first line differs), or None."""
+    if request["executable"] != os.path.realpath(sys.executable):
+        return f"another Python ({request['executable']})"
+    if request["flags"] != _flags() or request["xoptions"] != sys._xoptions or \
+            request["warnoptions"] != sys.warnoptions:
+        return "other interpreter flags"
+    env = request["env"]
+    per_job = set(_APPLIED_PER_JOB) | {v for group in _THREAD_GROUPS.values() for v in group} | set(_NO_EFFECT_HERE)
+    for name in sorted(set(env) | set(os.environ)):
+        if name.startswith(_IMPORT_TIME_PREFIXES) and name not in per_job and env.get(name) != os.environ.get(name):
+            return f"{name} differs"
+    if "numexpr" in sys.modules and env.get("NUMEXPR_NUM_THREADS") != os.environ.get("NUMEXPR_NUM_THREADS"):
+        return "NUMEXPR_NUM_THREADS differs"
+    for names in _THREAD_GROUPS.values():
+        if _thread_count(env, names) is None:
+            return f"{'/'.join(names)} differ"
+    if _thread_count(env, _THREAD_GROUPS["blas"]) and _openblas_threads() is None:
+        return "OPENBLAS_NUM_THREADS differs (no OpenBLAS call to set it)"
+    return None
+
+
+def _thread_count(env: dict, names: tuple[str, ...]) -> int | None:
+    """0: as in the server; n: the job asks each of NAMES for n threads; None: neither."""
+    if all(env.get(n) == os.environ.get(n) for n in names):
+        return 0
+    values = {env.get(n) for n in names}
+    if len(values) == 1 and (value := values.pop()) is not None and value.isdigit() and int(value) > 0:
+        return int(value)
+    return None
+
+
+def _openblas_threads():
+    """numpy's OpenBLAS `set_num_threads`, found in the libraries this process has loaded, or None."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "openblas" in line.rsplit("/", 1)[-1] and ".so" in line}
+    for path in sorted(paths):
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
+                     "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            if hasattr(lib, name):
+                return getattr(lib, name)
+    return None
+
+
+def _encoding(stream) -> str:
+    return getattr(stream, "encoding", None) or "utf-8"
+
+
+def _run_stage(request: dict, fds: list[int]) -> int:
+    """In the job's copy of the server: become the job's process, then run its stage."""
+    import importlib
+    import io
+    import random
+    import runpy
+
+    os.setpgid(0, 0)  # its own group: killing the job kills it and what it started, and nothing else
+    for sig in FORWARDED_SIGNALS + (signal.SIGCHLD,):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in any Python process
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.umask(request["umask"])
+    server_paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    torch_threads = _thread_count(request["env"], _THREAD_GROUPS["torch"])
+    blas_threads = _thread_count(request["env"], _THREAD_GROUPS["blas"])
+    os.environ.clear()
+    os.environ.update(request["env"], PIPELINE_PRELOADED=str(os.getpid()))  # cost.json says so
+    if torch_threads:  # what OMP_NUM_THREADS / MKL_NUM_THREADS would have set at start-up
+        import torch
+
+        torch.set_num_threads(torch_threads)
+    if blas_threads:
+        _openblas_threads()(blas_threads)
+    import tempfile
+    import time
+
+    tempfile.tempdir = None  # found again from the job's TMPDIR
+    time.tzset()
+    job_paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # sys.path as `python -m` builds it in that directory: it first, then PYTHONPATH, then the rest.
+    rest = [p for p in sys.path[1:] if p not in server_paths]
+    sys.path[:] = [os.getcwd(), *job_paths, *rest]
+    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    # Standard streams on the job's descriptors, buffered as the interpreter would have them.
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                                 encoding=_encoding(sys.stdin), errors="strict")
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        stream = io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
+                                  encoding=_encoding(getattr(sys, name)),
+                                  errors="backslashreplace" if fd == 2 else "strict",
+                                  line_buffering=fd == 2 or os.isatty(fd), write_through=unbuffered)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    for name in [m for m in sys.modules if m == "pipeline_src" or m.startswith("pipeline_src.")]:
+        del sys.modules[name]  # the job's own code, from its own directory, as in a normal run
+    importlib.invalidate_caches()
+    random.seed()  # fresh per process, as in a normal run (the stages seed what they compute)
+    sys.argv = ["-m", *request["argv"]]
+    try:
+        runpy.run_module("pipeline_src", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
+    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, then status 1
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    return code

@@ -1,0 +1,156 @@
+"""The start-up server (`python -m pipeline_src preload COMMAND`, pipeline_src/preload.py): a stage
+forked from it gives a normal run's bytes, exit status and streams; signals reach it; a job killed
+outright takes its stage with it; a job whose start-up settings differ runs the normal way."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from project_copy import checkout_env
+from test_train import _prepare_data, _write_params
+
+from pipeline_src import preload
+
+RUN = "data/tiny/runs/reorder/baseline/seed0"
+EVAL = "data/tiny/eval/reorder/baseline/seed0"
+TIMING = {"wall_s", "tokens_per_s", "warmup_s", "start_utc", "end_utc", "achieved_flops", "mfu", "peak_mem_mb",
+          "preloaded"}
+
+
+def _stage(*args):
+    return [sys.executable, "-m", "pipeline_src", *args]
+
+
+def _under_server(command: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(_stage("preload", *command), cwd=cwd, env=checkout_env(**env), capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    d = tmp_path_factory.mktemp("preload")
+    _prepare_data(d, _write_params(d, max_steps=30, eval_every=15, log_every=5))
+    return d
+
+
+def _copy(prepared: Path, dest: Path) -> Path:
+    subprocess.run(["cp", "-a", f"{prepared}/.", str(dest)], check=True)
+    return dest
+
+
+def test_a_stage_forked_from_the_server_gives_the_normal_runs_bytes(prepared, tmp_path):
+    train = ["train", "--params", "tiny.yaml", "--task", "reorder", "--cell", "baseline", "--seed", "0"]
+    evaluate = ["evaluate", "--params", "tiny.yaml", "--task", "reorder", "--cell", "baseline", "--seed", "0"]
+    normal = _copy(prepared, tmp_path / "normal")
+    for args in (train, evaluate):
+        subprocess.run(_stage(*args), cwd=normal, env=checkout_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"),
+                       check=True, capture_output=True)
+    forked = _copy(prepared, tmp_path / "forked")
+    # As Snakemake runs a job: its thread settings in the environment, which the copy applies.
+    script = " && ".join(f"OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 GOTO_NUM_THREADS=1 "
+                         f"{sys.executable} -m pipeline_src {' '.join(args)}" for args in (train, evaluate))
+    proc = _under_server(["bash", "-c", script], forked)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in (f"{RUN}/train_metrics.json", f"{RUN}/train_log.tsv", f"{RUN}/ckpt/best.pt",
+                 f"{EVAL}/eval_metrics.json"):
+        a, b = (normal / name).read_bytes(), (forked / name).read_bytes()
+        if name.endswith("train_log.tsv"):  # its last two columns are throughput
+            a, b = ([line.split("\t")[:-2] for line in x.decode().splitlines()] for x in (a, b))
+        assert a == b, name
+    cost = {k: json.loads((d / RUN / "cost.json").read_text()) for k, d in (("normal", normal), ("forked", forked))}
+    assert cost["normal"]["preloaded"] is False and cost["forked"]["preloaded"] is True
+    assert {k: v for k, v in cost["normal"].items() if k not in TIMING} == \
+        {k: v for k, v in cost["forked"].items() if k not in TIMING}
+
+
+def test_exit_status_streams_and_the_job_directory_are_the_jobs(tmp_path):
+    (tmp_path / "sub").mkdir()
+    script = (f"cd sub && echo 'study: [' > bad.yaml && {sys.executable} -m pipeline_src validate --params bad.yaml "
+              f"> out.txt 2> err.txt; echo status=$?; {sys.executable} -m pipeline_src validate --params missing.yaml "
+              f"2>&1 | cat; echo status=${{PIPESTATUS[0]}}")
+    proc = _under_server(["bash", "-c", script], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "status=2"
+    assert "bad.yaml" in (tmp_path / "sub" / "err.txt").read_text() and (tmp_path / "sub" / "out.txt").read_text() == ""
+    assert "error: missing.yaml: params file not found" in proc.stdout and proc.stdout.rstrip().endswith("status=2")
+    assert _under_server(["bash", "-c", "exit 3"], tmp_path).returncode == 3  # the command's own status
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _forked_copies(server: int, job: int) -> list[int]:
+    """The server's copies that run a stage: children of its per-job supervisors."""
+    pids = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit()]
+    return [p for p in pids if p != job and _parent(_parent(p)) == server and _parent(p) != _parent(job)]
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_signals_reach_the_stage_and_a_killed_job_takes_it_along(prepared, tmp_path, how):
+    d = _copy(prepared, tmp_path / "run")
+    _write_params(d, "long.yaml", max_steps=100000, eval_every=100000, log_every=5)
+    job = (f"{sys.executable} -m pipeline_src train --params long.yaml --task reorder --cell baseline --seed 0 "
+           f"& echo $! > job.pid; wait $!; echo $? > job.status")
+    server = subprocess.Popen(_stage("preload", "bash", "-c", job), cwd=d, env=checkout_env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _signal_the_job(d, server, how)
+    finally:  # a failed check leaves no training behind
+        if server.poll() is None and (d / "job.pid").exists():
+            os.kill(int((d / "job.pid").read_text()), signal.SIGKILL)
+            server.communicate(timeout=60)
+
+
+def _signal_the_job(d: Path, server: subprocess.Popen, how: str) -> None:
+    log = d / "data/tiny/runs/reorder/baseline/seed0/train_log.tsv"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and len(log.read_text().splitlines()) > 2):  # training under way
+        assert time.monotonic() < deadline and server.poll() is None, server.communicate()
+        time.sleep(0.2)
+    job_pid = int((d / "job.pid").read_text())
+    copies = _forked_copies(server.pid, job_pid)
+    assert len(copies) == 1 and job_pid not in copies, copies
+    os.kill(job_pid, getattr(signal, how))
+    _, err = server.communicate(timeout=120)
+    status = int((d / "job.status").read_text())
+    if how == "SIGTERM":  # forwarded: the stage saves its state and stops, as under a cluster's notice
+        assert status == 75 and "SIGTERM received: training state saved" in err, err[-2000:]
+    else:  # the job died at once; its stage, with nothing to save, goes with it
+        assert status == 128 + signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{p}").exists() and "zombie" not in _state(p) for p in copies):
+            assert time.monotonic() < deadline, "the forked stage outlived its job"
+            time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split("\n")[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
+
+
+def _request(**env) -> dict:
+    return {"executable": os.path.realpath(sys.executable), "flags": preload._flags(), "xoptions": sys._xoptions,
+            "warnoptions": sys.warnoptions, "env": dict(os.environ, **env)}
+
+
+def test_a_job_whose_start_up_settings_differ_runs_the_normal_way():
+    assert preload._differs(_request()) is None
+    assert preload._differs(_request(PYTHONPATH="/elsewhere", TMPDIR="/tmp/x")) is None  # applied to the copy
+    # Snakemake's per-job thread settings: one number per library, applied through its own call.
+    same = dict(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", GOTO_NUM_THREADS="1",
+                VECLIB_MAXIMUM_THREADS="1", NUMEXPR_NUM_THREADS="1")
+    assert preload._differs(_request(**same)) is None
+    assert preload._differs(_request(**dict(same, MKL_NUM_THREADS="2"))) == "OMP_NUM_THREADS/MKL_NUM_THREADS differ"
+    assert preload._differs(_request(PYTHONHASHSEED="7")) == "PYTHONHASHSEED differs"
+    assert preload._differs(_request(PIPELINE_MALLOC="system")) == "PIPELINE_MALLOC differs"
+    assert preload._differs(dict(_request(), executable="/usr/bin/python3.9")).startswith("another Python")
