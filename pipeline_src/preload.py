@@ -40,7 +40,7 @@ import sys
 # that sets one of these differently from the server runs the normal way. PYTHONPATH, and the
 # two below, are applied to the forked copy instead.
 _IMPORT_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "GOTO_", "ATEN_", "ONEDNN_", "DNNL_",
-                         "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "MPL", "LD_", "MALLOC_", "GLIBC_TUNABLES",
+                         "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "LD_", "MALLOC_", "GLIBC_TUNABLES",
                          "PIPELINE_MALLOC", "TOKENIZERS_", "HF_", "TRANSFORMERS_", "HOME", "XDG_", "LANG", "LC_")
 _APPLIED_PER_JOB = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
 # Thread counts, which Snakemake sets for every job (its `threads`): applied to the job's copy
@@ -68,6 +68,7 @@ def run_in_preloaded() -> int | None:
     umask = os.umask(0)
     os.umask(umask)
     request = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask,
+               "limits": _limits(),
                "executable": os.path.realpath(sys.executable), "flags": _flags(),
                "xoptions": sys._xoptions, "warnoptions": sys.warnoptions}
     streams = [fd if _is_open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
@@ -96,6 +97,14 @@ def run_in_preloaded() -> int | None:
         os.kill(os.getpid(), -status)
         return 128 - status
     return status
+
+
+def _limits() -> dict[str, list[int]]:
+    """The process's resource limits (memory, open files, ...), which a job's parent may have set."""
+    import resource
+
+    return {name: list(resource.getrlimit(getattr(resource, name))) for name in dir(resource)
+            if name.startswith("RLIMIT_")}
 
 
 def _is_open(fd: int) -> bool:
@@ -204,7 +213,7 @@ def _supervise(conn: socket.socket) -> int:
     and send its exit status; kill it if the job's process goes away first."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)  # the job's process forwards what is meant for the stage
-    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    data, fds, _flags_, _addr = socket.recv_fds(conn, 1 << 16, 3)
     request = _receive(conn, data)
     if request is None or len(fds) != 3:
         return 1
@@ -254,6 +263,10 @@ def _differs(request: dict) -> str | None:
     if request["flags"] != _flags() or request["xoptions"] != sys._xoptions or \
             request["warnoptions"] != sys.warnoptions:
         return "other interpreter flags"
+    ours = _limits()
+    for name, (_soft, hard) in request["limits"].items():
+        if name in ours and _above(hard, ours[name][1]):
+            return f"{name} above the server's"  # a limit can be lowered in the copy, never raised
     env = request["env"]
     per_job = set(_APPLIED_PER_JOB) | {v for group in _THREAD_GROUPS.values() for v in group} | set(_NO_EFFECT_HERE)
     for name in sorted(set(env) | set(os.environ)):
@@ -267,6 +280,12 @@ def _differs(request: dict) -> str | None:
     if _thread_count(env, _THREAD_GROUPS["blas"]) and _openblas_threads() is None:
         return "OPENBLAS_NUM_THREADS differs (no OpenBLAS call to set it)"
     return None
+
+
+def _above(limit: int, than: int) -> bool:
+    import resource
+
+    return than != resource.RLIM_INFINITY and (limit == resource.RLIM_INFINITY or limit > than)
 
 
 def _thread_count(env: dict, names: tuple[str, ...]) -> int | None:
@@ -314,6 +333,11 @@ def _run_stage(request: dict, fds: list[int]) -> int:
         os.close(fd)
     os.chdir(request["cwd"])
     os.umask(request["umask"])
+    import resource
+
+    for name, limit in request["limits"].items():  # e.g. a memory limit the job was started with
+        if hasattr(resource, name) and list(resource.getrlimit(getattr(resource, name))) != limit:
+            resource.setrlimit(getattr(resource, name), tuple(limit))
     server_paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     torch_threads = _thread_count(request["env"], _THREAD_GROUPS["torch"])
     blas_threads = _thread_count(request["env"], _THREAD_GROUPS["blas"])

@@ -46,9 +46,10 @@ def test_a_stage_forked_from_the_server_gives_the_normal_runs_bytes(prepared, tm
     train = ["train", "--params", "tiny.yaml", "--task", "reorder", "--cell", "baseline", "--seed", "0"]
     evaluate = ["evaluate", "--params", "tiny.yaml", "--task", "reorder", "--cell", "baseline", "--seed", "0"]
     normal = _copy(prepared, tmp_path / "normal")
+    alone = checkout_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    alone.pop("PIPELINE_PRELOAD", None)  # a process of its own, also when the tests run under a server
     for args in (train, evaluate):
-        subprocess.run(_stage(*args), cwd=normal, env=checkout_env(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1"),
-                       check=True, capture_output=True)
+        subprocess.run(_stage(*args), cwd=normal, env=alone, check=True, capture_output=True)
     forked = _copy(prepared, tmp_path / "forked")
     # As Snakemake runs a job: its thread settings in the environment, which the copy applies.
     script = " && ".join(f"OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 GOTO_NUM_THREADS=1 "
@@ -140,7 +141,7 @@ def _state(pid: int) -> str:
 
 def _request(**env) -> dict:
     return {"executable": os.path.realpath(sys.executable), "flags": preload._flags(), "xoptions": sys._xoptions,
-            "warnoptions": sys.warnoptions, "env": dict(os.environ, **env)}
+            "warnoptions": sys.warnoptions, "env": dict(os.environ, **env), "limits": preload._limits()}
 
 
 def test_a_job_whose_start_up_settings_differ_runs_the_normal_way():
@@ -154,3 +155,13 @@ def test_a_job_whose_start_up_settings_differ_runs_the_normal_way():
     assert preload._differs(_request(PYTHONHASHSEED="7")) == "PYTHONHASHSEED differs"
     assert preload._differs(_request(PIPELINE_MALLOC="system")) == "PIPELINE_MALLOC differs"
     assert preload._differs(dict(_request(), executable="/usr/bin/python3.9")).startswith("another Python")
+    # Resource limits: a lower one is applied to the copy (test_faults.py's memory limit runs so
+    # under `make test`), a higher one than the server's cannot be.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lower = dict(_request(), limits=dict(preload._limits(), RLIMIT_NOFILE=[64, 64]))
+    assert preload._differs(lower) is None
+    if hard != resource.RLIM_INFINITY:
+        higher = dict(_request(), limits=dict(preload._limits(), RLIMIT_NOFILE=[soft, hard + 1]))
+        assert preload._differs(higher) == "RLIMIT_NOFILE above the server's"
