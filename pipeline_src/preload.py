@@ -17,14 +17,20 @@ What stays as in a normal run:
   the same signal;
 * signals sent to the job's process (SIGTERM, SIGINT, SIGUSR1, ...) reach the stage; if the job's
   process is killed outright (SIGKILL), the stage and anything it started are killed with it;
+* the job's working directory, environment, umask, resource limits (`ulimit`), CPUs (`taskset`),
+  nice value and thread settings (Snakemake's per-job OMP_NUM_THREADS and the like) are applied
+  to its copy;
 * a job whose interpreter or environment differs where it matters before its first line runs
-  (another Python, its flags, thread, allocator or library settings read at import) runs the
-  normal way, and so does every job under SLURM, whose limits and accounting belong to the job's
-  own processes. So does one with PIPELINE_PRELOAD unset or its server gone.
+  (another Python, its flags, allocator or library settings read at import), or that could not
+  be matched (a higher limit or priority than the server's, another cgroup), runs the normal
+  way, and so does every job under SLURM, whose limits and accounting belong to the job's own
+  processes. So does one with PIPELINE_PRELOAD unset or its server gone.
 
 What differs: the stage is not a child of the job's process, so whatever measures a job's process
 tree from outside (Snakemake's `benchmark:` files: memory and CPU columns; wall time is right)
 sees only the forwarding process. The benchmarks (bench/) run without the server for that reason.
+And a copy's peak memory (cost.json, which says "preloaded") leaves out the library pages it never
+touched.
 """
 from __future__ import annotations
 
@@ -37,8 +43,8 @@ import struct
 import sys
 
 # Read before a stage's first line runs (by the interpreter, or by a library at import), so a job
-# that sets one of these differently from the server runs the normal way. PYTHONPATH, and the
-# two below, are applied to the forked copy instead.
+# that sets one of these differently from the server runs the normal way; those in
+# _APPLIED_PER_JOB are applied to the forked copy instead.
 _IMPORT_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "GOTO_", "ATEN_", "ONEDNN_", "DNNL_",
                          "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "LD_", "MALLOC_", "GLIBC_TUNABLES",
                          "PIPELINE_MALLOC", "TOKENIZERS_", "HF_", "TRANSFORMERS_", "HOME", "XDG_", "LANG", "LC_")
@@ -68,7 +74,7 @@ def run_in_preloaded() -> int | None:
     umask = os.umask(0)
     os.umask(umask)
     request = {"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ), "umask": umask,
-               "limits": _limits(),
+               "limits": _limits(), "placement": _placement(),
                "executable": os.path.realpath(sys.executable), "flags": _flags(),
                "xoptions": sys._xoptions, "warnoptions": sys.warnoptions}
     streams = [fd if _is_open(fd) else os.open(os.devnull, os.O_RDWR) for fd in (0, 1, 2)]
@@ -93,7 +99,8 @@ def run_in_preloaded() -> int | None:
         return 1
     status = reply["status"]
     if status < 0:  # killed by a signal: die of the same one, so that the caller sees what it would have
-        signal.signal(-status, signal.SIG_DFL)
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):  # (those two have no handler to reset)
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
         return 128 - status
     return status
@@ -105,6 +112,16 @@ def _limits() -> dict[str, list[int]]:
 
     return {name: list(resource.getrlimit(getattr(resource, name))) for name in dir(resource)
             if name.startswith("RLIMIT_")}
+
+
+def _placement() -> dict:
+    """Where the process may run and at what priority: its CPUs, nice value and cgroup."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            cgroup = f.read()
+    except OSError:
+        cgroup = ""
+    return {"cpus": sorted(os.sched_getaffinity(0)), "nice": os.getpriority(os.PRIO_PROCESS, 0), "cgroup": cgroup}
 
 
 def _is_open(fd: int) -> bool:
@@ -263,6 +280,13 @@ def _differs(request: dict) -> str | None:
     if request["flags"] != _flags() or request["xoptions"] != sys._xoptions or \
             request["warnoptions"] != sys.warnoptions:
         return "other interpreter flags"
+    placement, here = request["placement"], _placement()
+    if placement["cgroup"] != here["cgroup"]:
+        return "another cgroup"  # its own memory and CPU share, as a cluster or systemd-run gives a job
+    if placement["nice"] < here["nice"]:
+        return "a higher priority than the server's"
+    if not set(placement["cpus"]) <= set(here["cpus"]):
+        return "CPUs the server may not use"
     ours = _limits()
     for name, (_soft, hard) in request["limits"].items():
         if name in ours and _above(hard, ours[name][1]):
@@ -338,6 +362,11 @@ def _run_stage(request: dict, fds: list[int]) -> int:
     for name, limit in request["limits"].items():  # e.g. a memory limit the job was started with
         if hasattr(resource, name) and list(resource.getrlimit(getattr(resource, name))) != limit:
             resource.setrlimit(getattr(resource, name), tuple(limit))
+    placement = request["placement"]  # `taskset`, `nice`
+    if set(placement["cpus"]) != os.sched_getaffinity(0):
+        os.sched_setaffinity(0, placement["cpus"])
+    if placement["nice"] != os.getpriority(os.PRIO_PROCESS, 0):
+        os.setpriority(os.PRIO_PROCESS, 0, placement["nice"])
     server_paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     torch_threads = _thread_count(request["env"], _THREAD_GROUPS["torch"])
     blas_threads = _thread_count(request["env"], _THREAD_GROUPS["blas"])

@@ -94,7 +94,7 @@ def _forked_copies(server: int, job: int) -> list[int]:
     return [p for p in pids if p != job and _parent(_parent(p)) == server and _parent(p) != _parent(job)]
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL", "SIGKILL to the stage"])
 def test_signals_reach_the_stage_and_a_killed_job_takes_it_along(prepared, tmp_path, how):
     d = _copy(prepared, tmp_path / "run")
     _write_params(d, "long.yaml", max_steps=100000, eval_every=100000, log_every=5)
@@ -119,7 +119,10 @@ def _signal_the_job(d: Path, server: subprocess.Popen, how: str) -> None:
     job_pid = int((d / "job.pid").read_text())
     copies = _forked_copies(server.pid, job_pid)
     assert len(copies) == 1 and job_pid not in copies, copies
-    os.kill(job_pid, getattr(signal, how))
+    if how == "SIGKILL to the stage":  # e.g. the kernel's out-of-memory killer: the job dies of it too
+        os.kill(copies[0], signal.SIGKILL)
+    else:
+        os.kill(job_pid, getattr(signal, how))
     _, err = server.communicate(timeout=120)
     status = int((d / "job.status").read_text())
     if how == "SIGTERM":  # forwarded: the stage saves its state and stops, as under a cluster's notice
@@ -141,7 +144,8 @@ def _state(pid: int) -> str:
 
 def _request(**env) -> dict:
     return {"executable": os.path.realpath(sys.executable), "flags": preload._flags(), "xoptions": sys._xoptions,
-            "warnoptions": sys.warnoptions, "env": dict(os.environ, **env), "limits": preload._limits()}
+            "warnoptions": sys.warnoptions, "env": dict(os.environ, **env), "limits": preload._limits(),
+            "placement": preload._placement()}
 
 
 def test_a_job_whose_start_up_settings_differ_runs_the_normal_way():
@@ -155,6 +159,10 @@ def test_a_job_whose_start_up_settings_differ_runs_the_normal_way():
     assert preload._differs(_request(PYTHONHASHSEED="7")) == "PYTHONHASHSEED differs"
     assert preload._differs(_request(PIPELINE_MALLOC="system")) == "PIPELINE_MALLOC differs"
     assert preload._differs(dict(_request(), executable="/usr/bin/python3.9")).startswith("another Python")
+    # Where it runs: fewer CPUs or a lower priority are applied to the copy; not another cgroup.
+    here = preload._placement()
+    assert preload._differs(dict(_request(), placement=dict(here, cpus=here["cpus"][:1], nice=here["nice"] + 5))) is None
+    assert preload._differs(dict(_request(), placement=dict(here, cgroup="0::/elsewhere\n"))) == "another cgroup"
     # Resource limits: a lower one is applied to the copy (test_faults.py's memory limit runs so
     # under `make test`), a higher one than the server's cannot be.
     import resource
