@@ -343,67 +343,10 @@ def _encoding(stream) -> str:
 
 def _run_stage(request: dict, fds: list[int]) -> int:
     """In the job's copy of the server: become the job's process, then run its stage."""
-    import importlib
-    import io
-    import random
     import runpy
 
-    os.setpgid(0, 0)  # its own group: killing the job kills it and what it started, and nothing else
-    for sig in FORWARDED_SIGNALS + (signal.SIGCHLD,):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in any Python process
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.chdir(request["cwd"])
-    os.umask(request["umask"])
-    import resource
-
-    for name, limit in request["limits"].items():  # e.g. a memory limit the job was started with
-        if hasattr(resource, name) and list(resource.getrlimit(getattr(resource, name))) != limit:
-            resource.setrlimit(getattr(resource, name), tuple(limit))
-    placement = request["placement"]  # `taskset`, `nice`
-    if set(placement["cpus"]) != os.sched_getaffinity(0):
-        os.sched_setaffinity(0, placement["cpus"])
-    if placement["nice"] != os.getpriority(os.PRIO_PROCESS, 0):
-        os.setpriority(os.PRIO_PROCESS, 0, placement["nice"])
-    server_paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    torch_threads = _thread_count(request["env"], _THREAD_GROUPS["torch"])
-    blas_threads = _thread_count(request["env"], _THREAD_GROUPS["blas"])
-    os.environ.clear()
-    os.environ.update(request["env"], PIPELINE_PRELOADED=str(os.getpid()))  # cost.json says so
-    if torch_threads:  # what OMP_NUM_THREADS / MKL_NUM_THREADS would have set at start-up
-        import torch
-
-        torch.set_num_threads(torch_threads)
-    if blas_threads:
-        _openblas_threads()(blas_threads)
-    import tempfile
-    import time
-
-    tempfile.tempdir = None  # found again from the job's TMPDIR
-    time.tzset()
-    job_paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    # sys.path as `python -m` builds it in that directory: it first, then PYTHONPATH, then the rest.
-    rest = [p for p in sys.path[1:] if p not in server_paths]
-    sys.path[:] = [os.getcwd(), *job_paths, *rest]
-    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
-    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    # Standard streams on the job's descriptors, buffered as the interpreter would have them.
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
-                                                 encoding=_encoding(sys.stdin), errors="strict")
-    for fd, name in ((1, "stdout"), (2, "stderr")):
-        stream = io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
-                                  encoding=_encoding(getattr(sys, name)),
-                                  errors="backslashreplace" if fd == 2 else "strict",
-                                  line_buffering=fd == 2 or os.isatty(fd), write_through=unbuffered)
-        setattr(sys, name, stream)
-        setattr(sys, f"__{name}__", stream)
-    for name in [m for m in sys.modules if m == "pipeline_src" or m.startswith("pipeline_src.")]:
-        del sys.modules[name]  # the job's own code, from its own directory, as in a normal run
-    importlib.invalidate_caches()
-    random.seed()  # fresh per process, as in a normal run (the stages seed what they compute)
-    sys.argv = ["-m", *request["argv"]]
+    _become_the_job(request, fds)
+    _python_as_started_there(request)
     try:
         runpy.run_module("pipeline_src", run_name="__main__", alter_sys=True)
         code = 0
@@ -429,3 +372,72 @@ def _run_stage(request: dict, fds: list[int]) -> int:
         except (OSError, ValueError, AttributeError):
             pass
     return code
+
+
+def _become_the_job(request: dict, fds: list[int]) -> None:
+    """The job's process group, signals, streams, directory, limits, CPUs, priority, environment
+    and thread counts."""
+    import resource
+    import tempfile
+    import time
+
+    os.setpgid(0, 0)  # its own group: killing the job kills it and what it started, and nothing else
+    for sig in FORWARDED_SIGNALS + (signal.SIGCHLD,):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in any Python process
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.umask(request["umask"])
+    for name, limit in request["limits"].items():  # e.g. a memory limit the job was started with
+        if hasattr(resource, name) and list(resource.getrlimit(getattr(resource, name))) != limit:
+            resource.setrlimit(getattr(resource, name), tuple(limit))
+    placement = request["placement"]  # `taskset`, `nice`
+    if set(placement["cpus"]) != os.sched_getaffinity(0):
+        os.sched_setaffinity(0, placement["cpus"])
+    if placement["nice"] != os.getpriority(os.PRIO_PROCESS, 0):
+        os.setpriority(os.PRIO_PROCESS, 0, placement["nice"])
+    torch_threads = _thread_count(request["env"], _THREAD_GROUPS["torch"])
+    blas_threads = _thread_count(request["env"], _THREAD_GROUPS["blas"])
+    request["server_paths"] = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    os.environ.clear()
+    os.environ.update(request["env"], PIPELINE_PRELOADED=str(os.getpid()))  # cost.json says so
+    if torch_threads:  # what OMP_NUM_THREADS / MKL_NUM_THREADS would have set at start-up
+        import torch
+
+        torch.set_num_threads(torch_threads)
+    if blas_threads:
+        _openblas_threads()(blas_threads)
+    tempfile.tempdir = None  # found again from the job's TMPDIR
+    time.tzset()
+
+
+def _python_as_started_there(request: dict) -> None:
+    """sys.path, standard streams, bytecode writing, the job's own pipeline_src and a fresh
+    `random` state, as `python -m pipeline_src` started in the job's directory has them."""
+    import importlib
+    import io
+    import random
+
+    job_paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # sys.path as `python -m` builds it in that directory: it first, then PYTHONPATH, then the rest.
+    rest = [p for p in sys.path[1:] if p not in request["server_paths"]]
+    sys.path[:] = [os.getcwd(), *job_paths, *rest]
+    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    # Standard streams on the job's descriptors, buffered as the interpreter would have them.
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+                                                 encoding=_encoding(sys.stdin), errors="strict")
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        stream = io.TextIOWrapper(io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
+                                  encoding=_encoding(getattr(sys, name)),
+                                  errors="backslashreplace" if fd == 2 else "strict",
+                                  line_buffering=fd == 2 or os.isatty(fd), write_through=unbuffered)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    for name in [m for m in sys.modules if m == "pipeline_src" or m.startswith("pipeline_src.")]:
+        del sys.modules[name]  # the job's own code, from its own directory, as in a normal run
+    importlib.invalidate_caches()
+    random.seed()  # fresh per process, as in a normal run (the stages seed what they compute)
+    sys.argv = ["-m", *request["argv"]]
