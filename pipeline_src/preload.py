@@ -191,9 +191,13 @@ def serve(command: list[str]) -> int:
         print(f"error: preload: cannot run {command[0]!r}: {e.strerror}", file=sys.stderr)
         shutil.rmtree(folder, ignore_errors=True)
         return 127
-    # Signals for the command go to it (a terminal's Ctrl-C reaches both: the command decides).
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+    # A stop meant for this process (`kill`, `timeout`) is passed on to the command, which decides.
+    # Ctrl-C and Ctrl-\ are not: the terminal sends them to the command itself (it is in the same
+    # process group), and a second copy would read as a second, impatient Ctrl-C.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: proc.poll() is None and proc.send_signal(signum))
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, lambda _signum, _frame: None)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     done = os.pidfd_open(proc.pid)
