@@ -34,6 +34,7 @@ touched.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import selectors
@@ -180,6 +181,7 @@ def serve(command: list[str]) -> int:
         print("usage: python -m pipeline_src preload COMMAND [ARGS...]", file=sys.stderr)
         return 2
     _import_libraries()
+    _openblas_threads()
     folder = tempfile.mkdtemp(prefix="pipeline-preload-")
     path = os.path.join(folder, "socket")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -326,6 +328,7 @@ def _thread_count(env: dict, names: tuple[str, ...]) -> int | None:
     return None
 
 
+@functools.cache  # looked up once, in the server; its copies inherit the answer
 def _openblas_threads():
     """numpy's OpenBLAS `set_num_threads`, found in the libraries this process has loaded, or None."""
     import ctypes
@@ -349,8 +352,8 @@ def _run_stage(request: dict, fds: list[int]) -> int:
     """In the job's copy of the server: become the job's process, then run its stage."""
     import runpy
 
-    _become_the_job(request, fds)
-    _python_as_started_there(request)
+    server_paths = _become_the_job(request, fds)
+    _python_as_started_there(request, server_paths)
     try:
         runpy.run_module("pipeline_src", run_name="__main__", alter_sys=True)
         code = 0
@@ -367,8 +370,15 @@ def _run_stage(request: dict, fds: list[int]) -> int:
 
         traceback.print_exc()
         code = 1
+    # Reached when the stage did not end the process itself (exit_now in __main__ leaves that to
+    # the interpreter under a profiler or with a thread still running): end as the interpreter
+    # would, waiting for non-daemon threads, then the atexit handlers and a flush.
     import atexit
+    import threading
 
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -378,9 +388,9 @@ def _run_stage(request: dict, fds: list[int]) -> int:
     return code
 
 
-def _become_the_job(request: dict, fds: list[int]) -> None:
+def _become_the_job(request: dict, fds: list[int]) -> list[str]:
     """The job's process group, signals, streams, directory, limits, CPUs, priority, environment
-    and thread counts."""
+    and thread counts; returns the server's own PYTHONPATH entries, which the job's replace."""
     import resource
     import tempfile
     import time
@@ -404,7 +414,7 @@ def _become_the_job(request: dict, fds: list[int]) -> None:
         os.setpriority(os.PRIO_PROCESS, 0, placement["nice"])
     torch_threads = _thread_count(request["env"], _THREAD_GROUPS["torch"])
     blas_threads = _thread_count(request["env"], _THREAD_GROUPS["blas"])
-    request["server_paths"] = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    server_paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     os.environ.clear()
     os.environ.update(request["env"], PIPELINE_PRELOADED=str(os.getpid()))  # cost.json says so
     if torch_threads:  # what OMP_NUM_THREADS / MKL_NUM_THREADS would have set at start-up
@@ -415,9 +425,10 @@ def _become_the_job(request: dict, fds: list[int]) -> None:
         _openblas_threads()(blas_threads)
     tempfile.tempdir = None  # found again from the job's TMPDIR
     time.tzset()
+    return server_paths
 
 
-def _python_as_started_there(request: dict) -> None:
+def _python_as_started_there(request: dict, server_paths: list[str]) -> None:
     """sys.path, standard streams, bytecode writing, the job's own pipeline_src and a fresh
     `random` state, as `python -m pipeline_src` started in the job's directory has them."""
     import importlib
@@ -426,7 +437,7 @@ def _python_as_started_there(request: dict) -> None:
 
     job_paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     # sys.path as `python -m` builds it in that directory: it first, then PYTHONPATH, then the rest.
-    rest = [p for p in sys.path[1:] if p not in request["server_paths"]]
+    rest = [p for p in sys.path[1:] if p not in server_paths]
     sys.path[:] = [os.getcwd(), *job_paths, *rest]
     sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
