@@ -293,15 +293,18 @@ def test_a_stage_exits_fast_yet_flushes_output_and_runs_exit_handlers(tmp_path):
     """The command line leaves out the interpreter's teardown (~0.3 s a job with torch loaded),
     but what a normal exit does that matters still happens: its exit code, buffered output on a
     pipe, atexit handlers. Under a profiler it exits the normal way, so the profile is written."""
-    marker = tmp_path / "atexit_ran"
-    code = ("import atexit, pathlib, sys; from pipeline_src.__main__ import exit_now; "
+    marker, finalized = tmp_path / "atexit_ran", tmp_path / "finalizer_ran"
+    # torch's operator-library finalizers are dropped (they only undo this process's registrations);
+    # any other weakref.finalize still runs at exit, as temporary directories need.
+    code = ("import atexit, pathlib, sys, weakref, torch; from pipeline_src.__main__ import exit_now; "
             f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes'); "
+            f"kept = type('Kept', (), {{}})(); weakref.finalize(kept, pathlib.Path({str(finalized)!r}).write_text, 'yes'); "
             "print('buffered line'); sys.stderr.write('no newline'); exit_now(3)")
     buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # output waits in a buffer
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=buffered)
     assert proc.returncode == 3
     assert proc.stdout == "buffered line\n" and proc.stderr == "no newline"
-    assert marker.read_text() == "yes"
+    assert marker.read_text() == "yes" and finalized.read_text() == "yes"
     profile = tmp_path / "validate.prof"
     proc = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "pipeline_src", "validate",
                            "--params", str(FIXTURES / "valid_tiny.yaml")], capture_output=True, text=True, cwd=ROOT)
