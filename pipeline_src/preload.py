@@ -26,6 +26,10 @@ What stays as in a normal run:
   way, and so does every job under SLURM, whose limits and accounting belong to the job's own
   processes. So does one with PIPELINE_PRELOAD unset or its server gone.
 
+The table stages (TABLE_STAGES: data preparation and the report's) fork from a second server,
+forked from the first when the first of them asks, which has also imported datasets, pandas,
+SciPy and matplotlib; training and evaluation jobs never have those loaded unless they import them.
+
 What differs: the stage is not a child of the job's process, so whatever measures a job's process
 tree from outside (Snakemake's `benchmark:` files: memory and CPU columns; wall time is right)
 sees only the forwarding process. The benchmarks (bench/) run without the server for that reason.
@@ -34,6 +38,7 @@ touched.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -48,8 +53,12 @@ import sys
 # _APPLIED_PER_JOB are applied to the forked copy instead.
 _IMPORT_TIME_PREFIXES = ("PYTHON", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "GOTO_", "ATEN_", "ONEDNN_", "DNNL_",
                          "TORCH", "PYTORCH_", "CUDA_", "NVIDIA_", "LD_", "MALLOC_", "GLIBC_TUNABLES",
-                         "PIPELINE_MALLOC", "TOKENIZERS_", "HF_", "TRANSFORMERS_", "HOME", "XDG_", "LANG", "LC_")
+                         "PIPELINE_MALLOC", "TOKENIZERS_", "HF_", "TRANSFORMERS_", "HOME", "XDG_", "LANG", "LC_", "MPL")
 _APPLIED_PER_JOB = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
+# Read by torch only when it compiles, from the job's environment, which the copy has: torch sets
+# TORCHINDUCTOR_CACHE_DIR in its own process's environment the first time it compiles, so a test
+# process or driver that compiled once would otherwise send every later job the normal way.
+_READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 # Thread counts, which Snakemake sets for every job (its `threads`): applied to the job's copy
 # through the libraries' own calls, as long as each group asks for one number.
 _THREAD_GROUPS = {"torch": ("OMP_NUM_THREADS", "MKL_NUM_THREADS"), "blas": ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")}
@@ -57,6 +66,12 @@ _NO_EFFECT_HERE = ("VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # macOS's A
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                      signal.SIGUSR2, signal.SIGALRM)
 _HEADER = struct.Struct("!I")  # each message: its length, then JSON
+# Stages that read and write tables and draw (datasets, pandas, SciPy, matplotlib: ~0.5-1 s to
+# import) fork from a second server that has those loaded too. It is forked from the first when
+# the first such job asks, so the copies that train never have them: a training job's peak memory
+# (cost.json) stays that of a normal run.
+TABLE_STAGES = ("download", "filter", "bpe", "promote", "plan", "aggregate", "figures", "tables", "claims", "report")
+TABLES_SOCKET_SUFFIX = ".tables"
 
 
 # --- the job's side: `python -m pipeline_src <stage>` ------------------------------------------------
@@ -67,6 +82,8 @@ def run_in_preloaded() -> int | None:
     path = os.environ.get("PIPELINE_PRELOAD")
     if not path or "torch" in sys.modules or os.environ.get("SLURM_JOB_ID") or sys.gettrace() or sys.getprofile():
         return None  # not asked; already a copy of the server (or loaded anyway); a SLURM job; a profiler
+    if sys.argv[1:2] and sys.argv[1] in TABLE_STAGES:
+        path += TABLES_SOCKET_SUFFIX
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
@@ -158,17 +175,30 @@ def _receive(conn: socket.socket, first: bytes = b"") -> dict | None:
 
 
 def _import_libraries() -> None:
-    """What every training and evaluation job imports (~0.8 s). Not what only a few jobs use
-    (pandas, matplotlib, rouge-score: ~0.3-0.7 s, 30-80 MB each): a job that needs them imports
-    them itself, so a job's peak memory (cost.json) stays what it is in a normal run."""
+    """What every training and evaluation job imports (~0.9 s): also the params file's schema
+    checker, which every stage loads, and TensorBoard's writer, which every training run opens
+    (~0.13 s, 8 MB together). Not what only a few jobs use (pandas, matplotlib, rouge-score,
+    datasets: ~0.3-1 s, 30-80 MB each): a job that needs them imports them itself, so a training
+    job's peak memory (cost.json) stays what it is in a normal run."""
     from .allocator import keep_freed_memory
 
     keep_freed_memory()  # as every stage does, before torch allocates; the copies inherit it
+    import jsonschema  # noqa: F401
     import numpy  # noqa: F401
+    import numpy.random  # noqa: F401
     import sacrebleu  # noqa: F401
     import sentencepiece  # noqa: F401
     import torch  # noqa: F401
+    import torch.utils.tensorboard  # noqa: F401
     import yaml  # noqa: F401
+
+
+def _import_table_libraries() -> None:
+    """What the table stages (TABLE_STAGES) import besides (~1.5 s, ~150 MB)."""
+    import datasets  # noqa: F401
+    import matplotlib.pyplot  # noqa: F401  (the backend is chosen when a figure is first drawn)
+    import pandas  # noqa: F401
+    import scipy.stats  # noqa: F401
 
 
 def serve(command: list[str]) -> int:
@@ -184,9 +214,7 @@ def serve(command: list[str]) -> int:
     _openblas_threads()
     folder = tempfile.mkdtemp(prefix="pipeline-preload-")
     path = os.path.join(folder, "socket")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(128)
+    listener, tables_listener = _listen(path), _listen(path + TABLES_SOCKET_SUFFIX)
     try:
         proc = subprocess.Popen(command, env=dict(os.environ, PIPELINE_PRELOAD=path))
     except OSError as e:
@@ -200,35 +228,95 @@ def serve(command: list[str]) -> int:
         signal.signal(sig, lambda signum, _frame: proc.poll() is None and proc.send_signal(signum))
     for sig in (signal.SIGINT, signal.SIGQUIT):
         signal.signal(sig, lambda _signum, _frame: None)
+    tables_server = None
+    try:
+        # The table stages' server starts when the first of them connects (its connection waits
+        # in the listener's queue meanwhile) and ends with this one.
+        done = os.pidfd_open(proc.pid)  # readable when the command has ended
+        for _ in _accept(listener, lambda: proc.poll() is None, done, tables_listener):
+            tables_server = _start_tables_server(tables_listener, listener, done)
+            tables_listener.close()
+    finally:
+        listener.close()
+        if tables_server:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(tables_server, signal.SIGTERM)
+            os.waitpid(tables_server, 0)
+        tables_listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+
+
+def _listen(path: str) -> socket.socket:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(128)
+    return listener
+
+
+def _accept(listener: socket.socket, running, wake: int | None = None, waiting: socket.socket | None = None):
+    """Fork a supervisor for each job that connects to `listener` while running() holds (checked
+    when `wake` is readable, and every second). Yields (once) when a job first connects to
+    `waiting`, which is then the caller's to serve."""
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
-    done = os.pidfd_open(proc.pid)
-    selector.register(done, selectors.EVENT_READ)
+    for extra in (wake, waiting):
+        if extra is not None:
+            selector.register(extra, selectors.EVENT_READ)
     supervisors: set[int] = set()
     try:
-        while proc.poll() is None:
-            for key, _ in selector.select(timeout=5.0):
-                if key.fileobj is listener:
-                    conn, _ = listener.accept()
-                    pid = os.fork()
-                    if pid == 0:  # one supervisor per job: it forks the job's copy and reports its end
-                        code = 1
-                        try:
-                            selector.close()
-                            os.close(done)
-                            listener.close()
-                            code = _supervise(conn)
-                        finally:
-                            os._exit(code)
-                    conn.close()
-                    supervisors.add(pid)
+        while running():
+            for key, _ in selector.select(timeout=1.0):
+                if key.fileobj is waiting:
+                    selector.unregister(waiting)
+                    waiting = None
+                    yield
+                if key.fileobj is not listener:
+                    continue
+                conn, _ = listener.accept()
+                pid = os.fork()
+                if pid == 0:  # one supervisor per job: it forks the job's copy and reports its end
+                    code = 1
+                    try:
+                        selector.close()
+                        for fd in (listener, waiting, wake):
+                            if fd is not None:
+                                os.close(fd if isinstance(fd, int) else fd.detach())
+                        code = _supervise(conn)
+                    finally:
+                        os._exit(code)
+                conn.close()
+                supervisors.add(pid)
             for pid in list(supervisors):  # reap the supervisors that have ended
                 if os.waitpid(pid, os.WNOHANG)[0]:
                     supervisors.discard(pid)
     finally:
+        selector.close()
+
+
+def _start_tables_server(tables_listener: socket.socket, listener: socket.socket, done: int) -> int:
+    """Fork the server of the table stages: a copy of this one that imports their libraries too,
+    then serves `tables_listener` until this process is gone."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
         listener.close()
-        shutil.rmtree(folder, ignore_errors=True)
-    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        os.close(done)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # this one's stop ends it; its jobs run on
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        _import_table_libraries()
+        for _ in _accept(tables_listener, lambda: os.getppid() == parent):
+            pass
+        code = 0
+    except BaseException:  # noqa: BLE001 - its jobs then run the normal way (nothing accepts them)
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)
 
 
 def _supervise(conn: socket.socket) -> int:
@@ -298,7 +386,8 @@ def _differs(request: dict) -> str | None:
         if name in ours and _above(hard, ours[name][1]):
             return f"{name} above the server's"  # a limit can be lowered in the copy, never raised
     env = request["env"]
-    per_job = set(_APPLIED_PER_JOB) | {v for group in _THREAD_GROUPS.values() for v in group} | set(_NO_EFFECT_HERE)
+    per_job = set(_APPLIED_PER_JOB) | set(_READ_WHEN_USED) | {v for group in _THREAD_GROUPS.values() for v in group} | \
+        set(_NO_EFFECT_HERE)
     for name in sorted(set(env) | set(os.environ)):
         if name.startswith(_IMPORT_TIME_PREFIXES) and name not in per_job and env.get(name) != os.environ.get(name):
             return f"{name} differs"

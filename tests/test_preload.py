@@ -14,6 +14,7 @@ from project_copy import checkout_env
 from test_train import _prepare_data, _write_params
 
 from pipeline_src import preload
+from pipeline_src.config import load_study
 
 RUN = "data/tiny/runs/reorder/baseline/seed0"
 EVAL = "data/tiny/eval/reorder/baseline/seed0"
@@ -66,6 +67,64 @@ def test_a_stage_forked_from_the_server_gives_the_normal_runs_bytes(prepared, tm
     assert cost["normal"]["preloaded"] is False and cost["forked"]["preloaded"] is True
     assert {k: v for k, v in cost["normal"].items() if k not in TIMING} == \
         {k: v for k, v in cost["forked"].items() if k not in TIMING}
+
+
+def test_the_table_stages_fork_from_a_second_server_and_give_the_normal_runs_bytes(prepared, tmp_path):
+    """aggregate, figures and tables (pandas, SciPy, matplotlib) run in copies of the second
+    server, forked from the first when the first of them asks: the same files as normal runs."""
+    alone = checkout_env()
+    alone.pop("PIPELINE_PRELOAD", None)
+    trained = _copy(prepared, tmp_path / "trained")
+    study = load_study(trained / "tiny.yaml")
+    jobs = [("--task", t.name, "--cell", c, "--seed", str(seed)) for t in study.tasks.values() for c in t.cells
+            for seed in study.seeds]
+    script = " && ".join(f"{sys.executable} -m pipeline_src {stage} --params tiny.yaml {' '.join(job)}"
+                         for job in jobs for stage in ("train", "evaluate"))
+    proc = _under_server(["bash", "-c", script], trained)  # (as made does not matter here)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    stages = ("aggregate", "figures", "tables")
+    normal = _copy(trained, tmp_path / "normal")
+    for stage in stages:
+        subprocess.run(_stage(stage, "--params", "tiny.yaml"), cwd=normal, env=alone, check=True, capture_output=True)
+    forked = _copy(trained, tmp_path / "forked")
+    script = " && ".join(f"{sys.executable} -m pipeline_src {stage} --params tiny.yaml" for stage in stages)
+    proc = _under_server(["bash", "-c", script], forked)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    made = sorted(p.relative_to(normal) for p in (normal / "reports").rglob("*")
+                  if p.is_file() and p.suffix in (".csv", ".tex", ".png", ".json"))
+    assert len(made) > 5 and any(p.suffix == ".png" for p in made), made
+    for rel in made:
+        assert (normal / rel).read_bytes() == (forked / rel).read_bytes(), rel
+
+
+def test_a_table_stage_asks_the_second_server_and_a_training_job_the_first(tmp_path, monkeypatch):
+    import socket
+    import threading
+
+    path = str(tmp_path / "socket")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path + preload.TABLES_SOCKET_SUFFIX)  # only the second server listens
+    listener.listen(1)
+    asked = []
+
+    def serve_one():
+        conn, _ = listener.accept()
+        data, _fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+        asked.append(preload._receive(conn, data)["argv"])
+        preload._send(conn, {"run_here": "a test"})
+        conn.close()
+
+    server = threading.Thread(target=serve_one, daemon=True)
+    server.start()
+    monkeypatch.setenv("PIPELINE_PRELOAD", path)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # as in a job's process, which has not loaded it
+    monkeypatch.setattr(sys, "argv", ["pipeline_src", "figures", "--params", "tiny.yaml"])
+    assert preload.run_in_preloaded() is None  # told to run here
+    server.join(timeout=10)
+    assert asked == [["figures", "--params", "tiny.yaml"]]
+    monkeypatch.setattr(sys, "argv", ["pipeline_src", "train", "--params", "tiny.yaml"])
+    assert preload.run_in_preloaded() is None  # the first server's socket: nobody there, so here
+    listener.close()
 
 
 def test_exit_status_streams_and_the_job_directory_are_the_jobs(tmp_path):
@@ -151,6 +210,10 @@ def _request(**env) -> dict:
 def test_a_job_whose_start_up_settings_differ_runs_the_normal_way():
     assert preload._differs(_request()) is None
     assert preload._differs(_request(PYTHONPATH="/elsewhere", TMPDIR="/tmp/x")) is None  # applied to the copy
+    # torch's compile cache folder, which torch puts in its process's environment when it first
+    # compiles (a test process that compiled once), is read when a job compiles, not at import.
+    assert preload._differs(_request(TORCHINDUCTOR_CACHE_DIR="/tmp/inductor", TRITON_CACHE_DIR="/tmp/t")) is None
+    assert preload._differs(_request(TORCHINDUCTOR_MAX_AUTOTUNE="1")) == "TORCHINDUCTOR_MAX_AUTOTUNE differs"
     # Snakemake's per-job thread settings: one number per library, applied through its own call.
     same = dict(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", GOTO_NUM_THREADS="1",
                 VECLIB_MAXIMUM_THREADS="1", NUMEXPR_NUM_THREADS="1")
