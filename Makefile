@@ -15,11 +15,13 @@ CNNDM_STUDY := workflow/studies/cnndm/params.yaml
 
 .PHONY: install system-deps demo mirror cpu-study cnndm-study gpu-plan gpu-report full slurm cluster-test test bench bundle dvc-yaml exp-show lint clean
 
+# PIP_FLAGS: more pip install options (CI: --no-compile, .ci/run).
+PIP_FLAGS ?=
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0        # the CPU wheel; an unpinned torch pulls CUDA builds
-	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q $(PIP_FLAGS) torch==2.13.0        # the CPU wheel; an unpinned torch pulls CUDA builds
+	$(BIN)/pip install -q $(PIP_FLAGS) -r requirements.lock
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
