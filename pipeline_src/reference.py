@@ -17,7 +17,10 @@ moved is printed with how far. The check fails when a figure moves beyond its to
 On another CPU model or torch version the same run is computed with other kernels, so its numbers
 are another draw of the run-to-run noise the seeds show: the tolerance of a figure is then the
 larger of the above and 3 standard deviations of that figure over the cell's seeds in the
-reference's summary.csv. Which rule applied is printed.
+reference's summary.csv. A perplexity's spread is proportional to its level (it is the exponential
+of a loss, whose spread in nats is what carries over), and a check run can sit at another level
+than the study's runs (a shortened run): its seeds' standard deviation is taken relative to their
+mean, at the check run's level. Which rule applied is printed.
 
 With --make, the run's current files are copied into the reference instead (a deliberate
 regeneration, for a code change that is meant to move the numbers).
@@ -77,20 +80,25 @@ def tolerance(name: str, value: float) -> tuple[float, str]:
     return 0.0, "exact"
 
 
-def seed_spread(reference: Path, task: str, cell: str) -> dict[str, float]:
-    """Standard deviation over seeds of every figure of the cell, from the reference's summary.csv."""
+def seed_spread(reference: Path, task: str, cell: str) -> tuple[dict[str, float], dict[str, float]]:
+    """(standard deviation, mean) over seeds of every figure of the cell, from the reference's summary.csv."""
     path = Path(reference) / "summary.csv"
     if not path.exists():
-        return {}
+        return {}, {}
     with path.open() as f:
         for row in csv.DictReader(f):
             if row["task"] == task and row["cell"] == cell:
-                return {k[:-4]: float(v) for k, v in row.items() if k.endswith("_std") and v not in ("", "nan")}
-    return {}
+                def column(suffix):
+                    return {k[:-len(suffix)]: float(v) for k, v in row.items()
+                            if k.endswith(suffix) and v not in ("", "nan")}
+                return column("_std"), column("_mean")
+    return {}, {}
 
 
-def compare(reference_dir: Path, run_dir: Path, spread: dict[str, float] | None = None) -> tuple[bool, list[str]]:
-    """(passed, report lines) for one run against its reference copy."""
+def compare(reference_dir: Path, run_dir: Path, spread: dict[str, float] | None = None,
+            level: dict[str, float] | None = None) -> tuple[bool, list[str]]:
+    """(passed, report lines) for one run against its reference copy. `spread` and `level`: the
+    standard deviation and mean of each figure over the reference study's seeds of the cell."""
     ref_machine, run_machine = _machine(reference_dir), _machine(run_dir)
     same_machine = ref_machine == run_machine
     lines = []
@@ -120,9 +128,12 @@ def compare(reference_dir: Path, run_dir: Path, spread: dict[str, float] | None 
             continue
         allowed, stated = tolerance(name, a)
         if not same_machine and name not in EXACT and spread and name in spread:
-            by_seeds = SEED_SPREAD * spread[name]
+            by_seeds, relative = SEED_SPREAD * spread[name], ""
+            if "ppl" in name and level and level.get(name):  # relative to the seeds' mean, at this run's level
+                by_seeds *= abs(a) / level[name]
+                relative = f" ({100 * SEED_SPREAD * spread[name] / level[name]:.3g} % of {a:.6g})"
             if by_seeds > allowed:
-                allowed, stated = by_seeds, f"+-{SEED_SPREAD:g} seed std = +-{by_seeds:.4g}"
+                allowed, stated = by_seeds, f"+-{SEED_SPREAD:g} seed std = +-{by_seeds:.4g}{relative}"
         diff = b - a
         ok = abs(diff) <= allowed + 1e-12
         passed &= ok
@@ -153,7 +164,7 @@ def run(study: Study, task: str, cell: str, seed: int, reference: str, make: boo
     for name, path in run_files.items():
         shutil.copyfile(path, staged / name)
     try:
-        passed, lines = compare(ref_dir, staged, seed_spread(Path(reference), task, cell))
+        passed, lines = compare(ref_dir, staged, *seed_spread(Path(reference), task, cell))
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     print(f"{task}/{cell}/seed{seed} against {ref_dir}:")
