@@ -229,10 +229,10 @@ def serve(command: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGQUIT):
         signal.signal(sig, lambda _signum, _frame: None)
     tables_server = None
+    done = os.pidfd_open(proc.pid)  # readable when the command has ended
     try:
         # The table stages' server starts when the first of them connects (its connection waits
         # in the listener's queue meanwhile) and ends with this one.
-        done = os.pidfd_open(proc.pid)  # readable when the command has ended
         for _ in _accept(listener, lambda: proc.poll() is None, done, tables_listener):
             tables_server = _start_tables_server(tables_listener, listener, done)
             tables_listener.close()
@@ -243,6 +243,7 @@ def serve(command: list[str]) -> int:
                 os.kill(tables_server, signal.SIGTERM)
             os.waitpid(tables_server, 0)
         tables_listener.close()
+        os.close(done)
         shutil.rmtree(folder, ignore_errors=True)
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
 
