@@ -54,6 +54,11 @@ def _expand(pattern: str) -> list[str]:
 
 
 CODE = {stage: [f for pat in pats for f in _expand(pat)] for stage, pats in CODE_PATTERNS.items()}
+# Code folders that DVC lists whole where a stage runs all of their files: the model's ten modules
+# are one entry of dvc.lock instead of ten, and DVC rewrites the whole lock file after every stage
+# (for a study of hundreds of stages, most of what `dvc repro` itself spends). Bytecode is not
+# hashed (.dvcignore).
+CODE_FOLDERS = {folder: set(_expand(f"{folder}/*")) for folder in ("pipeline_src/model",)}
 STAGE_ORDER = list(CODE)
 GPU_STAGES = {"tune", "train", "evaluate"}
 
@@ -240,7 +245,8 @@ def folder_deps(study: Study, jobs: list[Job]) -> list[Job]:
     instead of one per file (the fan-in stages list every run's files). Snakemake keeps the
     files: it would judge a folder by the folder's own mtime, which an edited file leaves alone.
     A folder also holds what no job declares (TensorBoard events, partial writes of a killed
-    stage: both in .dvcignore) and the runs of cells since removed from the study."""
+    stage: both in .dvcignore) and the runs of cells since removed from the study. A code folder
+    (CODE_FOLDERS) replaces its files where the job runs every one of them."""
     producer = {path: (j.stage, j.key) for j in jobs for path in j.outs.values()}
     writers: dict[str, set] = {}  # folder below data/<study>/ or reports/<study>/ -> jobs writing into it
     for path, job in producer.items():
@@ -263,6 +269,10 @@ def folder_deps(study: Study, jobs: list[Job]) -> list[Job]:
                                 if listed[f] == writers[f]), None)
         uses = Counter(folder.values())
         out = [folder[d] if uses[folder.get(d)] >= 2 and folder.get(d) else d for d in job.deps]
+        code = set(job.deps)
+        for code_folder, files in CODE_FOLDERS.items():
+            if files <= code:
+                out = [code_folder if d in files else d for d in out]
         return tuple(dict.fromkeys(out))
 
     return [dataclasses.replace(j, dvc_deps=folded(j)) for j in jobs]

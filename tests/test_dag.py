@@ -14,11 +14,13 @@ import pytest
 
 from pipeline_src.config import load_study
 from pipeline_src.dvc_yaml import dvc_yaml_path, render, view_files
+from pipeline_src.stages import CODE_FOLDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ["params.yaml", "workflow/studies/demo/params.yaml", "workflow/studies/mirror/params.yaml",
            "workflow/studies/gpu/params.yaml", "workflow/studies/cpu/params.yaml", "workflow/studies/cnndm/params.yaml"]
 BIN = Path(sys.executable).parent
+CODE_FOLDER_OF = {f: folder for folder, files in CODE_FOLDERS.items() for f in files}
 
 
 def _env():
@@ -107,13 +109,17 @@ def test_snakemake_and_dvc_run_the_same_jobs(params, monkeypatch):
     dvc = dvc_jobs(params)
     assert set(smk) == set(dvc), f"only in snakemake: {set(smk) - set(dvc)}; only in dvc: {set(dvc) - set(smk)}"
     # DVC lists folders where Snakemake lists the files in them (stages.folder_deps): the same
-    # upstream jobs, and each Snakemake input is a DVC input or in one of its folders.
-    smk_graph, dvc_graph = _upstream(smk), _upstream(dvc)
+    # upstream jobs, and each Snakemake input is a DVC input or in one of its folders. Code folders
+    # (stages.CODE_FOLDERS) are one DVC dependency wherever a job runs all of their files.
+    code_folded = {cmd: dict(job, inputs={CODE_FOLDER_OF.get(p, p) for p in job["inputs"]}) for cmd, job in smk.items()}
+    smk_graph, dvc_graph = _upstream(code_folded), _upstream(dvc)
     for cmd in smk:
         assert smk[cmd]["outputs"] == dvc[cmd]["outputs"], cmd
         assert smk_graph[cmd] == dvc_graph[cmd], cmd
         assert all(any(p == d or p.startswith(d + "/") for d in dvc[cmd]["inputs"]) for p in smk[cmd]["inputs"]), cmd
-    folded = {cmd for cmd in smk if smk[cmd]["inputs"] != dvc[cmd]["inputs"]}
+    assert all(code_folded[cmd]["inputs"] == dvc[cmd]["inputs"] and "pipeline_src/model" in dvc[cmd]["inputs"]
+               for cmd in smk if smk[cmd]["rule"] in ("train", "evaluate")), "the model folder is not folded as stated"
+    folded = {cmd for cmd in smk if code_folded[cmd]["inputs"] != dvc[cmd]["inputs"]}
     assert folded <= {cmd for cmd in smk if smk[cmd]["rule"] in ("promote", "plan", "aggregate", "figures", "tables",
                                                                  "claims", "report")}, folded
     study = load_study(ROOT / params)
