@@ -26,9 +26,10 @@ What stays as in a normal run:
   way, and so does every job under SLURM, whose limits and accounting belong to the job's own
   processes. So does one with PIPELINE_PRELOAD unset or its server gone.
 
-The table stages (TABLE_STAGES: data preparation and the report's) fork from a second server,
-forked from the first when the first of them asks, which has also imported datasets, pandas,
-SciPy and matplotlib; training and evaluation jobs never have those loaded unless they import them.
+The table stages (TABLE_STAGES: data preparation, evaluation and the report's) fork from a second
+server, forked from the first when the first of them asks, which has also imported datasets,
+pandas, SciPy, matplotlib and rouge-score (whose nltk import costs a summarisation evaluation
+~0.5 s); training jobs never have those loaded unless they import them.
 
 What differs: the stage is not a child of the job's process, so whatever measures a job's process
 tree from outside (Snakemake's `benchmark:` files: memory and CPU columns; wall time is right)
@@ -66,11 +67,12 @@ _NO_EFFECT_HERE = ("VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # macOS's A
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
                      signal.SIGUSR2, signal.SIGALRM)
 _HEADER = struct.Struct("!I")  # each message: its length, then JSON
-# Stages that read and write tables and draw (datasets, pandas, SciPy, matplotlib: ~0.5-1 s to
-# import) fork from a second server that has those loaded too. It is forked from the first when
+# Stages that read and write tables, draw or score summaries (datasets, pandas, SciPy, matplotlib,
+# rouge-score: ~0.5-1 s to import) fork from a second server that has those loaded too. It is forked from the first when
 # the first such job asks, so the copies that train never have them: a training job's peak memory
 # (cost.json) stays that of a normal run.
-TABLE_STAGES = ("download", "filter", "bpe", "promote", "plan", "aggregate", "figures", "tables", "claims", "report")
+TABLE_STAGES = ("download", "filter", "bpe", "evaluate", "promote", "plan", "aggregate", "figures", "tables", "claims",
+                "report")
 TABLES_SOCKET_SUFFIX = ".tables"
 
 
@@ -177,9 +179,9 @@ def _receive(conn: socket.socket, first: bytes = b"") -> dict | None:
 def _import_libraries() -> None:
     """What every training and evaluation job imports (~0.9 s): also the params file's schema
     checker, which every stage loads, and TensorBoard's writer, which every training run opens
-    (~0.13 s, 8 MB together). Not what only a few jobs use (pandas, matplotlib, rouge-score,
-    datasets: ~0.3-1 s, 30-80 MB each): a job that needs them imports them itself, so a training
-    job's peak memory (cost.json) stays what it is in a normal run."""
+    (~0.13 s, 8 MB together). Not what only some stages use (pandas, matplotlib, rouge-score,
+    datasets: ~0.3-1 s, 30-80 MB each): the second server has those (_import_table_libraries), so
+    a training job's peak memory (cost.json) stays what it is in a normal run."""
     from .allocator import keep_freed_memory
 
     keep_freed_memory()  # as every stage does, before torch allocates; the copies inherit it
@@ -194,10 +196,11 @@ def _import_libraries() -> None:
 
 
 def _import_table_libraries() -> None:
-    """What the table stages (TABLE_STAGES) import besides (~1.5 s, ~150 MB)."""
+    """What the table stages (TABLE_STAGES) import besides (~2 s, ~170 MB)."""
     import datasets  # noqa: F401
     import matplotlib.pyplot  # noqa: F401  (the backend is chosen when a figure is first drawn)
     import pandas  # noqa: F401
+    import rouge_score.rouge_scorer  # noqa: F401  (ROUGE of summarisation evaluations)
     import scipy.stats  # noqa: F401
 
 

@@ -108,20 +108,22 @@ def test_a_table_stage_asks_the_second_server_and_a_training_job_the_first(tmp_p
     asked = []
 
     def serve_one():
-        conn, _ = listener.accept()
-        data, _fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
-        asked.append(preload._receive(conn, data)["argv"])
-        preload._send(conn, {"run_here": "a test"})
-        conn.close()
+        for _ in range(2):
+            conn, _ = listener.accept()
+            data, _fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+            asked.append(preload._receive(conn, data)["argv"])
+            preload._send(conn, {"run_here": "a test"})
+            conn.close()
 
     server = threading.Thread(target=serve_one, daemon=True)
     server.start()
     monkeypatch.setenv("PIPELINE_PRELOAD", path)
     monkeypatch.delitem(sys.modules, "torch", raising=False)  # as in a job's process, which has not loaded it
-    monkeypatch.setattr(sys, "argv", ["pipeline_src", "figures", "--params", "tiny.yaml"])
-    assert preload.run_in_preloaded() is None  # told to run here
+    for stage in ("figures", "evaluate"):  # evaluate: rouge-score (nltk) is loaded there
+        monkeypatch.setattr(sys, "argv", ["pipeline_src", stage, "--params", "tiny.yaml"])
+        assert preload.run_in_preloaded() is None  # told to run here
     server.join(timeout=10)
-    assert asked == [["figures", "--params", "tiny.yaml"]]
+    assert asked == [["figures", "--params", "tiny.yaml"], ["evaluate", "--params", "tiny.yaml"]]
     monkeypatch.setattr(sys, "argv", ["pipeline_src", "train", "--params", "tiny.yaml"])
     assert preload.run_in_preloaded() is None  # the first server's socket: nobody there, so here
     listener.close()
