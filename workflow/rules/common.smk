@@ -9,6 +9,7 @@ from pipeline_src.config import ConfigError, load_study
 from pipeline_src.run_lock import claim_run
 from pipeline_src import slurm_guard
 from pipeline_src.report import views
+from pipeline_src.scheduler_timers import coalesce_reevaluation_timers
 from pipeline_src.stages import DIRECTORIES, OUTPUTS, JobIndex
 
 PARAMS_FILE = config.get("params", "params.yaml")
@@ -29,6 +30,8 @@ if workflow.is_main_process:
         raise SystemExit(f"error: {err}")
     for _stale in _stale_locks:
         print(f"pipeline: removed stale lock {_stale} of a dead run of study '{STUDY.name}'", file=sys.stderr)
+    # One re-scheduling timer instead of one more per finished job (pipeline_src/scheduler_timers.py).
+    coalesce_reevaluation_timers()
 REPORT_PDF = OUTPUTS["report"]["pdf"].format(study=STUDY.name)
 
 
