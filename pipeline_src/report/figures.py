@@ -76,6 +76,10 @@ def cell_colors(study) -> dict[str, str]:
 
 def _save(fig, outdir: Path, name: str) -> None:
     fig.savefig(outdir / f"{name}.pdf", metadata={"CreationDate": None, "ModDate": None})
+    # The PNG keeps the layout the PDF's save solved (constrained layout, in figure coordinates)
+    # instead of solving it again: that solve is about a fifth of the stage's time.
+    if fig.get_layout_engine() is not None:
+        fig.set_layout_engine("none")
     fig.savefig(outdir / f"{name}.png", metadata={"Software": None})
     import matplotlib.pyplot as plt
 
