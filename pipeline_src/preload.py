@@ -68,9 +68,9 @@ FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUI
                      signal.SIGUSR2, signal.SIGALRM)
 _HEADER = struct.Struct("!I")  # each message: its length, then JSON
 # Stages that read and write tables, draw or score summaries (datasets, pandas, SciPy, matplotlib,
-# rouge-score: ~0.5-1 s to import) fork from a second server that has those loaded too. It is forked from the first when
-# the first such job asks, so the copies that train never have them: a training job's peak memory
-# (cost.json) stays that of a normal run.
+# rouge-score: ~0.5-1 s to import) fork from a second server that has those loaded too. It is
+# forked from the first when the first such job asks, so the copies that train never have them: a
+# training job's peak memory (cost.json) stays that of a normal run.
 TABLE_STAGES = ("download", "filter", "bpe", "evaluate", "promote", "plan", "aggregate", "figures", "tables", "claims",
                 "report")
 TABLES_SOCKET_SUFFIX = ".tables"

@@ -5,10 +5,11 @@ Snakemake 9's job scheduler (snakemake/scheduling/job_scheduler.py) always has a
 `threading.Timer` that wakes the scheduler again one timespan later. A round also starts whenever
 a job finishes, and that round starts a timer of its own: the timers form chains that never stop,
 one more per finished job. After N jobs the scheduler runs N rounds a second, each checking the
-inputs of every waiting job. In the demo study (126 jobs, ~100 s) that was 4,675 rounds and 23 of
-Snakemake's 29 s of CPU, taken from the training jobs beside it on a 2-core machine; in a study of
-hours it grows with the run's length. The timers are also not daemon threads, so Snakemake waits
-for the last ones (up to a timespan) before it exits.
+inputs of every waiting job. In the demo study (126 jobs, ~100 s) that was 4,675 rounds (201 with
+one timer) and ~11 s of CPU (176.6 s against 165.3 s for the whole run), taken from the training
+jobs beside it on a 2-core machine; in a study of hours it grows with the run's length. The
+timers are also not daemon threads, so Snakemake waits for the last ones (up to a timespan)
+before it exits.
 
 `coalesce_reevaluation_timers()` (called from workflow/rules/common.smk) makes the scheduler keep
 at most one such timer, as a daemon thread. A round still follows every finished job and at least
