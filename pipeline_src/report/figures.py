@@ -19,7 +19,6 @@ index.json lists them with captions (plain text) for the report.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +30,6 @@ from ..stages import data_paths
 from .aggregate import RUN_LEVEL
 from . import (ALPHA, data_size_cells, display_name, higher_is_better, mask_token_level, primary_metric, read_csv,
                report_paths, run_paths, safe_name)
-
-os.environ.setdefault("MPLBACKEND", "Agg")
 
 WIDTH = 6.5  # inches; the report includes figures at \linewidth (about 6.3 in), so fonts stay ~as set
 BASE_COLOR = "#1a1a1a"
@@ -47,6 +44,9 @@ ATTENTION_MAX_TOKENS = 18
 
 
 def _plt():
+    # The backend is chosen here, not with MPLBACKEND in os.environ: a variable set at import
+    # would reach every process the importing one starts (a test process's stage jobs, which the
+    # start-up server then refuses as started differently and runs the normal way).
     import matplotlib
 
     matplotlib.use("Agg", force=True)
