@@ -18,7 +18,7 @@ compile warm-up <= 60 s in total, beam-4 decoding of the whole test set <= 10 s;
 >= 25 % with K = 1, 2, 4, 8 cells sharing the GPU. On a CPU it measures the one-thread job that
 `validate` uses to estimate a CPU study's time (bench/results/cpu/real_cell_cpu.json).
 
-    python bench/bench_real_cell.py [--quick] [--budget-s 60] [--buckets 8|0] [--compile [--compile-scope layers|model] [--compile-shapes auto|static]] [--cuda-graphs] [--decoding graphs] [--jobs K]
+    python bench/bench_real_cell.py [--quick] [--budget-s 60] [--buckets 8|0] [--compile [--compile-scope layers|model] [--compile-shapes auto|static]] [--cuda-graphs] [--decoding graphs] [--jobs K] [--test-sentences N]
 """
 from __future__ import annotations
 
@@ -65,6 +65,8 @@ def write_study(work: Path, args, cuda: bool) -> dict:
         task["model"].update(SMALL_MODEL)
         train["batch_tokens"] = 2048
         task["eval"]["max_examples"] = 100 if args.quick else 200
+    if args.test_sentences:
+        task["eval"]["max_examples"] = args.test_sentences
     if args.quick:
         task["model"].update(d_model=64, n_heads=4, enc_layers=1, dec_layers=1, d_ff=128)
     if not cuda:
@@ -122,6 +124,8 @@ def main() -> None:
     ap.add_argument("--decoding", default="auto", choices=["auto", "host", "static", "graphs"],
                     help="eval.decoding: the beam search implementation of the evaluate stage")
     ap.add_argument("--jobs", type=int, default=1, help="cells trained at once on the device")
+    ap.add_argument("--test-sentences", type=int,
+                    help="test sentences the evaluate stage decodes (default all on a GPU, 200 on CPU, 100 quick)")
     ap.add_argument("--small", action="store_true", help="the CPU model on any device (default on CPU)")
     ap.add_argument("--name", default="real_cell", help="report name under --out")
     ap.add_argument("--out", default=str(OUT_DIR))

@@ -31,7 +31,8 @@ def test_benchmark_quick_run_writes_its_record(bench, record, tmp_path):
     # The smallest run that still goes through every code path of the benchmark:
     extra = {"bench_compile.py": ["--variants", "layers/auto", "--shapes", "2"],  # one compiled variant, two shapes
              "bench_pipeline.py": ["--cells", "2", "--seeds", "2"],  # a 2 x 2 grid instead of 12 x 4
-             "bench_real_cell.py": ["--budget-s", "5"]}.get(bench, [])  # 5 s of training per cell, not 15
+             # 1 s of training per cell, not 15; 16 test sentences decoded, not 100
+             "bench_real_cell.py": ["--budget-s", "1", "--test-sentences", "16"]}.get(bench, [])
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--quick", "--out", str(tmp_path), *extra],
                           capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
