@@ -30,10 +30,13 @@ export PYTHONPATH=$PWD
 metrics() { find data/$STUDY/runs data/$STUDY/eval -type f \( -name '*_metrics.json' -o -path '*/outputs/*' \) | sort; }
 
 # The local reference run goes on in a clone (same commit, so the same git hash in the metrics)
-# while the SLURM runs below mostly wait on the queue.
+# while the SLURM runs below mostly wait on the queue. Its jobs fork from the start-up server, as
+# `make demo`'s do (same bytes as jobs of their own, tests/test_preload.py); the SLURM jobs never
+# do, so equal metrics also show that the two ways give the same bytes.
 say "local run (reference), in the background"
 git clone -q "$WORK/repo" "$WORK/local"
-(cd "$WORK/local" && PYTHONPATH=$PWD snakemake --cores 2 --config "params=$PARAMS" --quiet rules) >"$WORK/local.log" 2>&1 &
+(cd "$WORK/local" && PYTHONPATH=$PWD python -m pipeline_src preload snakemake --cores 2 --config "params=$PARAMS" \
+   --quiet rules) >"$WORK/local.log" 2>&1 &
 local_run=$!
 
 say "1. a GPU request the cluster cannot meet gives one line and queues nothing"

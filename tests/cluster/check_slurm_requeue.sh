@@ -72,8 +72,9 @@ git init -q && git add -A && git -c user.name=ci -c user.email=ci@localhost comm
 
 say "local run (reference), in the background"
 git clone -q "$WORK/repo" "$WORK/local"
-(cd "$WORK/local" && PYTHONPATH=$PWD snakemake --cores 1 --config "params=$PARAMS" --quiet rules -- "$RUN/train_metrics.json") \
-  >"$WORK/local.log" 2>&1 &
+# (its jobs forked from the start-up server, as in check_slurm.sh; the SLURM job runs the normal way)
+(cd "$WORK/local" && PYTHONPATH=$PWD python -m pipeline_src preload snakemake --cores 1 --config "params=$PARAMS" \
+   --quiet rules -- "$RUN/train_metrics.json") >"$WORK/local.log" 2>&1 &
 local_run=$!
 
 say "SLURM: the train job has a 1-minute limit"
