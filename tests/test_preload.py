@@ -244,8 +244,8 @@ def test_importing_the_figures_stage_leaves_the_environment_alone():
     """A test process that imports the figures stage in-process then starts stage jobs: a variable
     set at import (once MPLBACKEND) would make the server refuse every later job of that process
     as started differently (39 jobs of the test suite ran the normal way so)."""
-    code = "import os; import pipeline_src.report.figures; print(sorted(os.environ))"
+    code = "import json, os; import pipeline_src.report.figures; print(json.dumps(sorted(os.environ)))"
     env = checkout_env()
     env.pop("MPLBACKEND", None)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert eval(proc.stdout) == sorted(env)
+    assert json.loads(proc.stdout) == sorted(env)
