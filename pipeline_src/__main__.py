@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--status", type=int, help="pack: the exit status of the part's Snakemake run")
     sp.add_argument("--log", help="pack: the part's console log, carried in the archive")
     sp.add_argument("--gpu-util", help="pack: the part's nvidia-smi samples, carried in the archive")
+    sp.add_argument("--cores", type=int, help="pack: the cores the part's Snakemake run was given (--cores)")
     return p
 
 
@@ -180,7 +181,7 @@ def _run(args, study) -> int | None:
     if stage == "parts":
         from .parts import run
         return run(study, args.action, args.part, args.out, args.archives, args.reference, args.started, args.status,
-                   args.log, args.gpu_util)
+                   args.log, args.gpu_util, args.cores)
     raise AssertionError(stage)
 
 

@@ -189,8 +189,10 @@ def measured_step() -> tuple[float, str] | None:
 
 
 def measured_study(study: Study) -> tuple[dict, str] | None:
-    """Per task: (seconds per layer-step while sharing, mean evaluate seconds) from this study's
-    own finished runs on the GPU, if they were recorded."""
+    """Per task: (seconds per layer-step while sharing, mean evaluate seconds, runs at once while
+    they were measured) from this study's own finished runs on the GPU, if they were recorded.
+    A run's seconds hold only at the concurrency they were measured at: a run alone is faster than
+    one of 8 sharing the GPU, so they are not a measure of 8 at once."""
     candidates = [ROOT / "reports" / "reference" / "h100" / "throughput.json",
                   H100_RECORDS / f"study_{study.name}_throughput.json"]
     for path in candidates:
@@ -211,11 +213,29 @@ def measured_study(study: Study) -> tuple[dict, str] | None:
             d["step"].append(r["wall_s"] / r["steps"] / layers)
             if r.get("evaluate_s"):
                 d["eval"].append(r["evaluate_s"])
+        slots = _slots_used(study, path.parent / "timing.json")
         if per_task:
             return ({t: (sum(d["step"]) / len(d["step"]),
-                         sum(d["eval"]) / len(d["eval"]) if d["eval"] else None) for t, d in per_task.items()},
+                         sum(d["eval"]) / len(d["eval"]) if d["eval"] else None,
+                         slots.get(t)) for t, d in per_task.items()},
                     _shown(path))
     return None
+
+
+def _slots_used(study: Study, timing_path: Path) -> dict[str, int]:
+    """Per task: how many jobs could run at once in the parts that measured it (timing.json's
+    job_slots_used: the layout's jobs_per_gpu, or fewer when Snakemake had fewer cores)."""
+    if not timing_path.exists():
+        return {}
+    from .parts_layout import load_layout
+
+    used = {p["part"]: p.get("job_slots_used") for p in json.loads(timing_path.read_text()).get("parts", [])}
+    slots: dict[str, int] = {}
+    for part in load_layout(study).parts:
+        if used.get(part.name):
+            for task in {r[0] for r in part.runs}:
+                slots[task] = min(slots.get(task, used[part.name]), used[part.name])
+    return slots
 
 
 def _data_seconds() -> float:
@@ -266,15 +286,20 @@ def predict_parts(study: Study, layout=None) -> dict:
                 "text": "  (no measured training-step record: bench/bench_real_cell.py makes one)"}
     share = 1.0 if k == 1 else SHARING_EFFICIENCY
     parts, flops_rate, gpu_flops = {}, [], None
+    at_once = {}  # task -> jobs that could run at once while its own runs were measured
     for part in layout.parts:
         jobs = []
+        slots = k
         for task, cell_name, _seed in part.runs:
             cell = study.cell(task, cell_name)
             layers = _layers(cell.model)
             step_s, eval_s = None, None
             if own and task in own[0]:
-                step_s, eval_s = own[0][task]
+                step_s, eval_s, measured_at = own[0][task]
                 step_s *= layers
+                if measured_at:  # a run's seconds hold at the concurrency they were measured at
+                    at_once[task] = measured_at
+                    slots = min(slots, measured_at)
             if step_s is None:
                 step_s = alone[0] * layers / share
             if eval_s is None:
@@ -282,7 +307,7 @@ def predict_parts(study: Study, layout=None) -> dict:
             steps = cell.train.max_steps
             jobs.append((JOB_START_S + steps * step_s, eval_s))
             flops_rate.append(job_compute(study, task, cell_name)[1] / steps / step_s)
-        parts[part.name] = PART_START_S + _data_seconds() + _makespan(jobs, k) + PACK_S
+        parts[part.name] = PART_START_S + _data_seconds() + _makespan(jobs, slots) + PACK_S
     total = sum(parts.values())
     peak = None
     for path in BENCH_FILES:
@@ -290,21 +315,26 @@ def predict_parts(study: Study, layout=None) -> dict:
             d = json.loads(path.read_text())
             peak = (d.get("cost") or d).get("peak_flops")
             break
-    mean_rate = k * sum(flops_rate) / len(flops_rate) if flops_rate else 0.0
+    together = min([k, *at_once.values()])  # jobs at once in the prediction
+    mean_rate = together * sum(flops_rate) / len(flops_rate) if flops_rate else 0.0
     gpu = layout.gpu or (alone[1].split(",")[0] if alone else "the GPU")
-    if own:
+    if own and at_once and min(at_once.values()) < k:
+        basis = (f"measured: this study's own runs ({own[1]}), per task, with at most "
+                 + ", ".join(f"{a} ({t})" for t, a in at_once.items())
+                 + f" jobs at once, so predicted at that many; {k} jobs sharing the GPU never measured")
+    elif own:
         basis = f"measured: this study's own runs ({own[1]}), per task, {k} jobs sharing the GPU"
     else:
         basis = (f"measured: {alone[0] * 1e3:.2f} ms per layer and step of one eager job alone ({alone[1]}); "
                  f"assumed: {k} jobs sharing the GPU make {k * share:g}x one job's steps (never measured), "
                  f"{JOB_START_S:g} s to start each job")
-    lines = [f"  = {total / 60:.1f} min on one {gpu} in {len(parts)} parts, {k} jobs sharing it"
+    lines = [f"  = {total / 60:.1f} min on one {gpu} in {len(parts)} parts, {together} jobs sharing it"
              + (f" (target {layout.study_limit_s / 60:g} min)" if layout.study_limit_s else "") + ": "
              + ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in parts.items())
              + f" (each part stops at {layout.limit_s / 60:g} min)",
              f"    {basis}"]
     if peak and mean_rate:
-        lines.append(f"    while {k} jobs share it: ~{mean_rate / 1e12:.0f} TFLOP/s of training, "
+        lines.append(f"    while {together} jobs share it: ~{mean_rate / 1e12:.0f} TFLOP/s of training, "
                      f"{100 * mean_rate / peak:.0f} % MFU (measured peak {peak / 1e12:.0f} TFLOP/s)")
     over = [n for n, sec in parts.items() if sec > layout.limit_s]
     if over:

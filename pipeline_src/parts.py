@@ -5,7 +5,7 @@ archives on any CPU machine, by the pipeline's own report stages.
     python -m pipeline_src parts plan    --params P                 the parts, their runs, predicted minutes
     python -m pipeline_src parts targets --params P --part NAME     a part's Snakemake targets, one a line
     python -m pipeline_src parts pack    --params P --part NAME --out DIR [--started UTC] [--status N]
-                                         [--log FILE] [--gpu-util FILE]
+                                         [--log FILE] [--gpu-util FILE] [--cores N]
     python -m pipeline_src parts build   ARCHIVE_OR_DIR... --params P [--reference DIR]
 
 The layout is `parts.yaml` beside the params file (when its `study:` is this study; otherwise one
@@ -49,6 +49,7 @@ import io
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -279,7 +280,7 @@ def _tar(src: Path, arcname: str, dest: Path) -> None:
 
 
 def pack(study: Study, part_name: str, out_dir: str, started: str | None = None, status: int | None = None,
-         log: str | None = None, gpu_util: str | None = None) -> Path:
+         log: str | None = None, gpu_util: str | None = None, cores: int | None = None) -> Path:
     """One archive of what the part finished, written under a temporary name and renamed."""
     import torch
 
@@ -295,6 +296,8 @@ def pack(study: Study, part_name: str, out_dir: str, started: str | None = None,
         "host": platform.node(), "started_utc": started, "ended_utc": ended,
         "wall_s": round(_seconds(ended) - _seconds(started), 1) if started else None,
         "limit_s": layout.limit_s, "jobs_per_gpu": layout.jobs_per_gpu, "snakemake_status": status,
+        # jobs at once are at most min(jobs_per_gpu, cores): fewer cores than slots leave the GPU idle
+        "snakemake_cores": cores,
         "runs": [{"task": t, "cell": c, "seed": s} for t, c, s in done], "missing": missing,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
@@ -375,6 +378,25 @@ def _read_archive(path: Path, dest: Path) -> tuple[dict, Path]:
     return json.loads((tops[0] / "part.json").read_text()), tops[0]
 
 
+def _same_settings(study: Study, rec: dict) -> bool:
+    """The params file the archive was made with, read from its commit, holds the same settings as
+    this one (only comments or layout differ)."""
+    import yaml
+
+    try:
+        then = subprocess.run(["git", "show", f"{rec['git_commit']}:{rec['params_file']}"], capture_output=True,
+                              check=True).stdout
+    except (subprocess.CalledProcessError, OSError):
+        return False
+    if hashlib.sha256(then).hexdigest() != rec["params_sha256"]:
+        return False
+    same = yaml.safe_load(then) == yaml.safe_load(Path(study.path).read_text())
+    if same:
+        print(f"note: {study.path} differs from the one the archives were made with ({rec['git_commit'][:7]}) "
+              "in comments or layout only")
+    return same
+
+
 def _unpack(study: Study, paths: list[Path]) -> list[dict]:
     """Every archive checked first (this study, this params file), then the study's outputs here
     replaced by theirs; a part that came back twice (run again after a cut): its latest archive last."""
@@ -385,7 +407,7 @@ def _unpack(study: Study, paths: list[Path]) -> list[dict]:
             rec, top = _read_archive(path, Path(tmp) / str(i))
             if rec["study"] != s:
                 raise StageError(f"{path}: an archive of study {rec['study']!r}, not {s!r}")
-            if rec["params_sha256"] != sha:
+            if rec["params_sha256"] != sha and not _same_settings(study, rec):
                 raise StageError(f"{path}: made with another version of {rec['params_file']} than {study.path} here "
                                  f"(check out the commit the bundle was made from: {rec['git_commit']})")
             if rec["git_commit"] != git_commit() and git_commit() != "unknown":
@@ -411,6 +433,17 @@ def _unpack(study: Study, paths: list[Path]) -> list[dict]:
                   + (f", {len(rec['missing'])} not finished" if rec["missing"] else "")
                   + (f", {rec['wall_s']:.0f} s on {rec['gpu'] or rec['host']}" if rec.get("wall_s") else ""))
     return records
+
+
+def _slots_used(layout: Layout, rec: dict) -> int | None:
+    """Jobs that could run at once in the part: its jobs_per_gpu, or fewer when Snakemake had fewer
+    cores (part.json's snakemake_cores, else Snakemake's own "Provided cores: N" in the part's log)."""
+    cores = rec.get("snakemake_cores")
+    log = Path(f"logs/{rec['study']}/node_{rec['part']}.log")
+    if not cores and log.is_file():
+        found = re.search(r"^Provided cores: (\d+)", log.read_text(errors="replace"), re.M)
+        cores = found and int(found.group(1))
+    return min(layout.jobs_per_gpu, int(cores)) if cores else None
 
 
 def _why_missing(layout: Layout, records: list[dict], missing: list[Run]) -> tuple[list[dict], list[str]]:
@@ -591,14 +624,25 @@ def _reference(study: Study, layout: Layout, records: list[dict], out: str, miss
     parts = []
     for p in layout.parts:
         rec = next((r for r in reversed(records) if r["part"] == p.name), None)
-        parts.append({"part": p.name, "runs": len(p.runs), "predicted_s": predicted["parts"].get(p.name),
+        # the prediction the node printed when the part ran, where the archive has it (this build's
+        # own prediction may already rest on the part's measured runs)
+        ahead = rec and rec.get("predicted_s")
+        parts.append({"part": p.name, "runs": len(p.runs),
+                      "predicted_s": ahead if ahead is not None else predicted["parts"].get(p.name),
                       "measured_s": rec and rec.get("wall_s"), "limit_s": layout.limit_s,
                       "finished_runs": rec and len(rec["runs"]), "snakemake_status": rec and rec.get("snakemake_status"),
+                      "job_slots_used": rec and _slots_used(layout, rec),
                       "gpu": rec and rec.get("gpu"), "started_utc": rec and rec.get("started_utc"),
                       "samples": rec and rec.get("samples")})
     measured = [p["measured_s"] for p in parts if p["measured_s"] is not None]
+    node_predicted = all(r.get("predicted_s") is not None for r in records) and len(records) == len(parts)
     timing = {"study": s, "jobs_per_gpu": layout.jobs_per_gpu, "parts": parts,
-              "predicted_study_s": predicted.get("study_s"), "prediction_basis": predicted.get("basis"),
+              "predicted_study_s": (round(sum(p["predicted_s"] for p in parts), 1) if node_predicted
+                                    else predicted.get("study_s")),
+              "prediction_basis": ("each part's prediction as the node printed it when the part ran (part.json)"
+                                   if node_predicted else predicted.get("basis")),
+              "prediction_now": {"parts": predicted["parts"], "study_s": predicted.get("study_s"),
+                                 "basis": predicted.get("basis")},
               "measured_study_s": round(sum(measured), 1) if len(measured) == len(parts) else None,
               "missing_runs": missing}
     atomic_write_json(out_dir / "timing.json", timing)
@@ -652,7 +696,8 @@ def plan(study: Study) -> str:
 
 
 def run(study: Study, action: str, part: str | None, out: str | None, inputs: list[str], reference: str | None,
-        started: str | None, status: int | None, log: str | None, gpu_util: str | None) -> int:
+        started: str | None, status: int | None, log: str | None, gpu_util: str | None,
+        cores: int | None = None) -> int:
     if action == "plan":
         print(plan(study))
         return 0
@@ -669,7 +714,7 @@ def run(study: Study, action: str, part: str | None, out: str | None, inputs: li
     if action == "pack":
         if not out:
             raise ConfigError("parts pack: --out DIR is needed (the folder the archives go to)")
-        pack(study, part, out, started=started, status=status, log=log, gpu_util=gpu_util)
+        pack(study, part, out, started=started, status=status, log=log, gpu_util=gpu_util, cores=cores)
         return 0
     if action == "build":
         if not inputs:

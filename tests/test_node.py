@@ -73,7 +73,7 @@ def test_node_runs_a_study_offline_and_unpack_puts_it_back(bundle, tmp_path):
     node.mkdir()
     with tarfile.open(bundle / "bundle.tar.gz") as tar:
         tar.extractall(node, filter="data")
-    env = {"PATH": _bin_path(), "HOME": str(tmp_path), "PYTHON": sys.executable, "CORES": "2",
+    env = {"PATH": _bin_path(), "HOME": str(tmp_path), "PYTHON": sys.executable, "NODE_CORES": "2",
            "PIPELINE_CPU_THREADS": "1", "PIP_NO_INDEX": "1"}  # offline: pip may not look anywhere
     proc = subprocess.run(["bash", str(node / "bundle" / "node.sh"), "study", "tests/fixtures/params/valid_tiny.yaml"],
                           capture_output=True, text=True, env=env, timeout=900)
@@ -206,7 +206,8 @@ def test_parts_on_a_node_killed_mid_part_then_the_report_from_the_archives(bundl
     with tarfile.open(bundle / "bundle.tar.gz") as tar:
         tar.extractall(node, filter="data")
     out = tmp_path / "archives"
-    env = {"PATH": _bin_path(), "HOME": str(tmp_path), "PYTHON": sys.executable, "CORES": "2",
+    # CORES, which some nodes set for other tools, is not Snakemake's --cores: NODE_CORES is
+    env = {"PATH": _bin_path(), "HOME": str(tmp_path), "PYTHON": sys.executable, "NODE_CORES": "2", "CORES": "1",
            "PIPELINE_CPU_THREADS": "1", "PIP_NO_INDEX": "1"}
     first = out / "tinyparts-1-reorder.tar.gz"
     proc = subprocess.Popen(["bash", str(node / "bundle" / "node.sh"), "parts", params, str(out)], env=env,
@@ -226,7 +227,7 @@ def test_parts_on_a_node_killed_mid_part_then_the_report_from_the_archives(bundl
         record = json.load(tar.extractfile("tinyparts-1-reorder/part.json"))
     assert first.stat().st_size < 2**20 and not [n for n in names if "/ckpt" in n]
     assert [(r["cell"], r["seed"]) for r in record["runs"]] == [("baseline", 0), ("pe_none", 0)]
-    assert record["missing"] == [] and record["snakemake_status"] == 0
+    assert record["missing"] == [] and record["snakemake_status"] == 0 and record["snakemake_cores"] == 2
     assert [(s["task"], s["precision"]) for s in record["samples"]] == [("reorder", "fp32")]
     assert "tinyparts-1-reorder/files/data/tinyparts/eval/reorder/pe_none/seed0/eval_metrics.json" in names
 

@@ -1,6 +1,7 @@
 """A study in parts (pipeline_src/parts.py, parts_layout.py, estimate.predict_parts): the layout and
 its one-line errors, the GPU study's predicted minutes, the attention sample's rounding, and the
 params file of a partial report. The whole path, node to report, is in tests/test_node.py."""
+import json
 from pathlib import Path
 
 import pytest
@@ -16,12 +17,15 @@ ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "workflow" / "studies" / "gpu" / "params.yaml"
 
 
-def test_the_gpu_study_is_predicted_to_fit_its_slot_from_measured_records():
+def test_the_gpu_study_is_predicted_to_fit_its_slot_from_the_step_benchmark(monkeypatch):
+    from pipeline_src import estimate
+
     study = load_study(GPU)
     layout = load_layout(study)
     assert [p.name for p in layout.parts] == ["multi30k", "ptb"] and layout.jobs_per_gpu == 8
     assert sum(len(p.runs) for p in layout.parts) == len(parts.study_runs(study)) == 57
     assert len(study.seeds) >= 3
+    monkeypatch.setattr(estimate, "measured_study", lambda study: None)  # as before the study's own run
     predicted = predict_parts(study, layout)
     assert predicted["study_s"] <= layout.study_limit_s == 480
     assert all(sec <= layout.limit_s - 30 for sec in predicted["parts"].values()), predicted["parts"]
@@ -29,6 +33,36 @@ def test_the_gpu_study_is_predicted_to_fit_its_slot_from_measured_records():
     assert "bench/results/h100/real_cell_multi30k_cost.json" in predicted["basis"]
     assert "never measured" in predicted["basis"]
     assert "min on one NVIDIA H100 80GB HBM3 in 2 parts" in predicted["text"]
+
+
+def test_the_study_s_own_runs_predict_at_the_jobs_at_once_they_were_measured_at():
+    """reports/reference/h100: the study ran with 2 jobs at once (Snakemake had 2 cores), not 8.
+    Its runs' seconds hold at 2 at once; the prediction says so and that the parts do not fit."""
+    study = load_study(GPU)
+    layout = load_layout(study)
+    timing = json.loads((ROOT / "reports/reference/h100/timing.json").read_text())
+    assert [p["job_slots_used"] for p in timing["parts"]] == [2, 2]
+    predicted = predict_parts(study, layout)
+    assert "with at most 2 (multi30k_en_de), 2 (ptb) jobs at once" in predicted["basis"]
+    assert "8 jobs sharing the GPU never measured" in predicted["basis"]
+    assert "!! predicted past the part limit of 300 s: multi30k, ptb" in predicted["text"]
+    # the PTB part, 32 runs in two slots of 250 and 213 s at 2 at once, is predicted at that pace
+    assert 400 < predicted["parts"]["ptb"] < 520, predicted["parts"]
+    # the node's own prediction, made before the run, stays beside the measurement
+    assert [p["predicted_s"] for p in timing["parts"]] == [186.8, 224.0]
+
+
+def test_slots_used_come_from_each_part_and_the_fewest_holds(tmp_path):
+    from pipeline_src.estimate import _slots_used
+
+    study = _study(tmp_path, "study: lay\nparts:\n  - {name: first, seeds: [0]}\n  - {name: rest}\n")
+    timing = tmp_path / "timing.json"
+    assert _slots_used(study, timing) == {}
+    timing.write_text(json.dumps({"parts": [{"part": "first", "job_slots_used": 4},
+                                            {"part": "rest", "job_slots_used": 2}]}))
+    assert _slots_used(study, timing) == {"reorder": 2}
+    timing.write_text(json.dumps({"parts": [{"part": "first", "job_slots_used": None}]}))
+    assert _slots_used(study, timing) == {}
 
 
 def _study(tmp_path, layout: str | None, name="lay"):
@@ -103,3 +137,28 @@ def test_a_partial_reports_params_keep_what_came_back(tmp_path, monkeypatch):
     assert derived.raw["description"].startswith("PARTIAL REPORT: 34 of the study's 57 runs did not come back")
     assert "multi30k_en_de/heads_16 seed 2" in derived.raw["description"]
     assert kept == "multi30k_en_de (7 of 8 cells)" and dropped.startswith("task ptb, claims ")
+
+
+def test_archives_of_a_params_file_whose_comments_changed_since_are_accepted(tmp_path, monkeypatch):
+    """parts build checks each archive's params file by its hash; a file whose settings are the same
+    at the archive's commit (only comments changed since) is the same study, another is not."""
+    import hashlib
+    import subprocess
+
+    from pipeline_src.parts import _same_settings
+
+    monkeypatch.chdir(tmp_path)
+    study = _study(tmp_path, None)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(["git", "init", "-q"], check=True)
+    subprocess.run(git + ["add", "params.yaml"], check=True)
+    subprocess.run(git + ["commit", "-qm", "p"], check=True)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    then = (tmp_path / "params.yaml").read_bytes()
+    rec = {"git_commit": commit, "params_file": "params.yaml", "params_sha256": hashlib.sha256(then).hexdigest()}
+    (tmp_path / "params.yaml").write_bytes(b"# ran once since\n" + then)
+    assert _same_settings(study, rec)
+    (tmp_path / "params.yaml").write_text(then.decode().replace("seeds:\n- 0\n- 1", "seeds:\n- 0\n- 2"))
+    assert "- 2" in (tmp_path / "params.yaml").read_text()
+    assert not _same_settings(study, rec)
+    assert not _same_settings(study, dict(rec, git_commit="0" * 40))

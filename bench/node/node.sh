@@ -18,7 +18,9 @@
 # checkpoints); a study directory with a run.sh (the GPU and CPU reference studies) is run through
 # it, which also times it and gathers its products. Without TeX on the node the study stops before
 # the PDF, which unpack.sh builds from the same products. PYTHON (default python3) is the node's
-# interpreter with torch; CORES (default all) is Snakemake's --cores.
+# interpreter with torch; NODE_CORES (default all the node's cores) is Snakemake's --cores. It is not
+# read from CORES, which some nodes set for other tools: 2 there once let only 2 of a part's 8
+# GPU job slots run at once.
 #
 # `parts` runs a study in the parts of its parts.yaml (pipeline_src/parts.py; all of them in turn,
 # or the ones named), for job slots of a few minutes: each part trains and evaluates its runs with
@@ -111,6 +113,9 @@ if [[ $JOB == parts ]]; then
   # K processes share the node's cores: small CPU thread pools each (their work is on the GPU)
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} MKL_NUM_THREADS=${MKL_NUM_THREADS:-2}
   python -m pipeline_src parts plan --params "$params" || exit 1
+  cores=${NODE_CORES:-$(nproc)}
+  (( cores < jobs_per_gpu )) && echo "!! $cores cores for $jobs_per_gpu GPU job slots: at most $cores jobs run at once" \
+    "(NODE_CORES sets Snakemake's --cores; the default is all the node's cores)"
   stop=0 pid=""
   trap 'stop=1; [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null' TERM INT
   overall=0
@@ -120,7 +125,8 @@ if [[ $JOB == parts ]]; then
     mkdir -p "logs/$study"
     log=logs/$study/node_$part.log util=logs/$study/gpu_util_$part.csv
     : >"$log"; rm -f "$util"
-    echo "== part $part ($started): stops its jobs after $((limit_s - 30)) s, packs into $OUT_DIR" | tee -a "$log"
+    echo "== part $part ($started): $jobs_per_gpu GPU job slots, $cores cores; stops its jobs after" \
+         "$((limit_s - 30)) s, packs into $OUT_DIR" | tee -a "$log"
     smi=""
     if command -v nvidia-smi >/dev/null; then
       nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 2 >"$util" 2>/dev/null &
@@ -130,7 +136,7 @@ if [[ $JOB == parts ]]; then
     left=$(( limit_s - 30 - ($(date +%s) - t0) ))
     (( left < 10 )) && left=10
     # --keep-going: one failed run must not stop the others; the part's archive lists what is missing
-    timeout -s TERM -k 15 "$left" snakemake --cores "${CORES:-$(nproc)}" --resources gpu="$jobs_per_gpu" --keep-going \
+    timeout -s TERM -k 15 "$left" snakemake --cores "$cores" --resources gpu="$jobs_per_gpu" --keep-going \
       --config params="$params" -- "${targets[@]}" > >(tee -a "$log") 2>&1 &
     pid=$!
     wait "$pid"; status=$?
@@ -140,7 +146,7 @@ if [[ $JOB == parts ]]; then
     (( status == 124 )) && echo "part $part: stopped at its limit ($((limit_s - 30)) s); packing what finished" | tee -a "$log"
     ((stop)) && echo "part $part: stopped by a signal; packing what finished" | tee -a "$log"
     python -m pipeline_src parts pack --params "$params" --part "$part" --out "$OUT_DIR" --started "$started" \
-      --status "$status" --log "$log" --gpu-util "$util" || overall=1
+      --status "$status" --log "$log" --gpu-util "$util" --cores "$cores" || overall=1
     (( status == 0 )) || overall=1
   done
   ((stop)) && exit 143
@@ -168,7 +174,7 @@ case $JOB in
     else
       omit=()
       command -v latexmk >/dev/null || omit=(--omit-from report)
-      snakemake --cores "${CORES:-$(nproc)}" --config params="$params" "${omit[@]}" 2>&1 | tee -a "$RESULTS/node.log"
+      snakemake --cores "${NODE_CORES:-$(nproc)}" --config params="$params" "${omit[@]}" 2>&1 | tee -a "$RESULTS/node.log"
       status=${PIPESTATUS[0]}
     fi
     echo "$params" > "$RESULTS/params.txt"

@@ -22,7 +22,7 @@ cd "$(dirname "$0")/../../.."
 PARAMS=${STUDY_PARAMS:-workflow/studies/gpu/params.yaml}
 OUT=${REFERENCE_OUT:-reports/reference/h100}
 K=${GPU_JOBS:-8}  # workflow/studies/gpu/parts.yaml: jobs_per_gpu
-CORES=${CORES:-$(nproc)}
+CORES=${NODE_CORES:-$(nproc)}  # not CORES: some nodes set it for other tools
 RESUME=0
 [[ "${1:-}" == "--resume" ]] && RESUME=1
 [[ -d .venv/bin ]] && export PATH="$PWD/.venv/bin:$PATH"
