@@ -17,7 +17,9 @@ for run in "${runs[@]}"; do
 s = load_study(sys.argv[1]); print(output_path('evaluate', 'metrics', study=s.name, task=sys.argv[2], cell=sys.argv[3], seed=int(sys.argv[4])))" \
     "$PARAMS" "$task" "$cell" "$seed")
   t0=$SECONDS
-  snakemake --cores 2 --config params="$PARAMS" --quiet rules -- "$target"
+  # its jobs fork from the start-up server (pipeline_src/preload.py): the same bytes as jobs started
+  # the normal way (tests/test_preload.py), without each paying for importing torch
+  python -m pipeline_src preload snakemake --cores 2 --config params="$PARAMS" --quiet rules -- "$target"
   echo "re-made $task/$cell/seed$seed in $((SECONDS - t0)) s"
   python -m pipeline_src check-reference --params "$PARAMS" --task "$task" --cell "$cell" --seed "$seed" --reference "$REF"
 done
