@@ -9,6 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["bench/node/bundle.sh", "bench/node/node.sh", "bench/node/unpack.sh", "bench/gpu_benchmarks.sh",
@@ -43,10 +44,18 @@ def bundle(tmp_path_factory):
     closure: those wheels come from PyPI (rouge-score itself has none there: built here)."""
     tmp = tmp_path_factory.mktemp("node")
     mirror = tmp / "datasets"
-    (mirror / "tiny").mkdir(parents=True)
-    (mirror / "tiny" / "test.jsonl.gz").write_bytes(b"rows")
+    for folder in ("tiny", "unread"):
+        (mirror / folder).mkdir(parents=True)
+        (mirror / folder / "test.jsonl.gz").write_bytes(b"rows")
+    (mirror / "README.md").write_text("the mirror\n")
+    # BUNDLE_PARAMS: only the mirror folders this study reads travel (here `tiny`, not `unread`)
+    params = yaml.safe_load((ROOT / "tests/fixtures/params/valid_tiny.yaml").read_text())
+    params["datasets"]["tiny"] = {"kind": "translation", "hf_id": "example/tiny", "fields": {"src": "en", "tgt": "de"}}
+    params["tasks"]["reorder"]["dataset"] = "tiny"
+    (tmp / "reads_tiny.yaml").write_text(yaml.safe_dump(params))
     env = dict(os.environ, PATH=_bin_path(), PYTHON=sys.executable, BUNDLE=str(tmp / "bundle"),
-               PIPELINE_DATA_MIRROR=str(mirror), NODE_PYTHON=PY_VERSION, NEEDS="rouge-score", NODE_HAS="numpy")
+               PIPELINE_DATA_MIRROR=str(mirror), NODE_PYTHON=PY_VERSION, NEEDS="rouge-score", NODE_HAS="numpy",
+               BUNDLE_PARAMS=str(tmp / "reads_tiny.yaml"))
     proc = subprocess.run(["bash", "bench/node/bundle.sh"], cwd=ROOT, capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -62,6 +71,7 @@ def test_bundle_holds_wheels_datasets_and_the_repository(bundle):
     assert {"rouge_score", "nltk", "absl_py", "six"} <= names and "numpy" not in names and "torch" not in names
     assert manifest["built_here"] == ["rouge-score"]
     assert (b / "datasets" / "tiny" / "test.jsonl.gz").read_bytes() == b"rows"
+    assert sorted(p.name for p in (b / "datasets").iterdir()) == ["README.md", "tiny"]
     with tarfile.open(b / "repo.tar.gz") as tar:
         members = set(tar.getnames())
     assert {"pipeline_src/train.py", "bench/node/unpack.sh", "tests/fixtures/params/valid_tiny.yaml"} <= members

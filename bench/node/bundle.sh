@@ -10,11 +10,13 @@
 #                 NEEDS, one pinned version each), minus what the node already has (NODE_HAS, torch
 #                 always: a GPU node brings its own CUDA build). A package with no wheel on PyPI is
 #                 built here (pure Python).
-#   datasets/     a copy of the offline dataset mirror (PIPELINE_DATA_MIRROR or ../shared/datasets)
+#   datasets/     a copy of the offline dataset mirror (PIPELINE_DATA_MIRROR or ../shared/datasets): all
+#                 of it, or with BUNDLE_PARAMS=<a study's params file> only the folders that study reads
 #   repo.tar.gz   the repository at HEAD (uncommitted changes to tracked files included and flagged)
 #   node.sh       what runs there (bench/node/node.sh); bundle.json: commit, date, Python, packages
 #
-# Settings: NODE_PYTHON (default 3.12), NODE_PLATFORM (x86_64 or aarch64; default this machine's),
+# Settings: BUNDLE_PARAMS (default: none, the whole mirror), NODE_PYTHON (default 3.12),
+# NODE_PLATFORM (x86_64 or aarch64; default this machine's),
 # NODE_HAS (default "torch numpy pandas pyarrow": what the node's Python already imports; they are
 # then not carried), NEEDS (what the stages and Snakemake import), BUNDLE (default bundle).
 # On the node: tar -xzf bundle.tar.gz && bash bundle/node.sh (its header says what it runs).
@@ -81,7 +83,18 @@ for spec in $specs; do
   fi
   carried="$carried $spec"
 done
-cp -r "$MIRROR" "$OUT/datasets"
+if [[ -n ${BUNDLE_PARAMS:-} ]]; then  # only what the study reads: a node's transfers are often limited
+  used=$("$PY" -c "import sys; from pipeline_src.config import load_study; from pipeline_src.data.download import mirror_datasets
+print(' '.join(mirror_datasets(load_study(sys.argv[1]))))" "$BUNDLE_PARAMS") || exit 1
+  mkdir -p "$OUT/datasets"
+  for f in "$MIRROR"/*; do [[ -f $f ]] && cp "$f" "$OUT/datasets/"; done  # the mirror's README and the like
+  for name in $used; do
+    [[ -d $MIRROR/$name ]] || { echo "error: $BUNDLE_PARAMS reads dataset $name, which $MIRROR lacks"; exit 1; }
+    cp -r "$MIRROR/$name" "$OUT/datasets/$name"
+  done
+else
+  cp -r "$MIRROR" "$OUT/datasets"
+fi
 # the node's copy of the tree has no .git: the commit travels in bundle.json
 commit=$(git rev-parse HEAD)
 dirty=false

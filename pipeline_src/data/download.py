@@ -46,6 +46,12 @@ def mirror_dir(study) -> str | None:
     return study.mirror or None
 
 
+def mirror_datasets(study) -> list[str]:
+    """The mirror folders the study's enabled tasks read (<mirror>/<dataset>/): not the generated ones."""
+    used = {task.dataset for task in study.tasks.values()}
+    return [name for name, ds in study.datasets.items() if name in used and not ds.generator]
+
+
 def _one_line(text) -> str:
     return " ".join(str(text).split())[:300]
 
