@@ -189,8 +189,8 @@ def measured_step() -> tuple[float, str] | None:
 
 
 def measured_study(study: Study) -> tuple[dict, str] | None:
-    """Per task: (seconds per layer-step while sharing, mean evaluate seconds, runs at once while
-    they were measured) from this study's own finished runs on the GPU, if they were recorded.
+    """Per task: (seconds per layer-step while sharing, mean evaluate seconds, jobs that could run at
+    once while they were measured) from this study's own finished runs on the GPU, if recorded.
     A run's seconds hold only at the concurrency they were measured at: a run alone is faster than
     one of 8 sharing the GPU, so they are not a measure of 8 at once."""
     candidates = [ROOT / "reports" / "reference" / "h100" / "throughput.json",
@@ -213,7 +213,7 @@ def measured_study(study: Study) -> tuple[dict, str] | None:
             d["step"].append(r["wall_s"] / r["steps"] / layers)
             if r.get("evaluate_s"):
                 d["eval"].append(r["evaluate_s"])
-        slots = _slots_used(study, path.parent / "timing.json")
+        slots = _slots_per_task(study, path.parent / "timing.json")
         if per_task:
             return ({t: (sum(d["step"]) / len(d["step"]),
                          sum(d["eval"]) / len(d["eval"]) if d["eval"] else None,
@@ -222,7 +222,7 @@ def measured_study(study: Study) -> tuple[dict, str] | None:
     return None
 
 
-def _slots_used(study: Study, timing_path: Path) -> dict[str, int]:
+def _slots_per_task(study: Study, timing_path: Path) -> dict[str, int]:
     """Per task: how many jobs could run at once in the parts that measured it (timing.json's
     job_slots_used: the layout's jobs_per_gpu, or fewer when Snakemake had fewer cores)."""
     if not timing_path.exists():
@@ -318,7 +318,7 @@ def predict_parts(study: Study, layout=None) -> dict:
     together = min([k, *at_once.values()])  # jobs at once in the prediction
     mean_rate = together * sum(flops_rate) / len(flops_rate) if flops_rate else 0.0
     gpu = layout.gpu or (alone[1].split(",")[0] if alone else "the GPU")
-    if own and at_once and min(at_once.values()) < k:
+    if together < k:
         basis = (f"measured: this study's own runs ({own[1]}), per task, with at most "
                  + ", ".join(f"{a} ({t})" for t, a in at_once.items())
                  + f" jobs at once, so predicted at that many; {k} jobs sharing the GPU never measured")

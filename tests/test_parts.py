@@ -52,17 +52,17 @@ def test_the_study_s_own_runs_predict_at_the_jobs_at_once_they_were_measured_at(
     assert [p["predicted_s"] for p in timing["parts"]] == [186.8, 224.0]
 
 
-def test_slots_used_come_from_each_part_and_the_fewest_holds(tmp_path):
-    from pipeline_src.estimate import _slots_used
+def test_slots_per_task_come_from_each_part_and_the_fewest_holds(tmp_path):
+    from pipeline_src.estimate import _slots_per_task
 
     study = _study(tmp_path, "study: lay\nparts:\n  - {name: first, seeds: [0]}\n  - {name: rest}\n")
     timing = tmp_path / "timing.json"
-    assert _slots_used(study, timing) == {}
+    assert _slots_per_task(study, timing) == {}
     timing.write_text(json.dumps({"parts": [{"part": "first", "job_slots_used": 4},
                                             {"part": "rest", "job_slots_used": 2}]}))
-    assert _slots_used(study, timing) == {"reorder": 2}
+    assert _slots_per_task(study, timing) == {"reorder": 2}
     timing.write_text(json.dumps({"parts": [{"part": "first", "job_slots_used": None}]}))
-    assert _slots_used(study, timing) == {}
+    assert _slots_per_task(study, timing) == {}
 
 
 def _study(tmp_path, layout: str | None, name="lay"):
