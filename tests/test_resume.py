@@ -80,7 +80,13 @@ def test_sigkilled_run_resumes_with_the_same_command_and_a_live_run_is_refused(r
     run_lock = repo / ".snakemake/pipeline-tiny.run"
     _wait_for(lambda: _flock_held(run_lock), "the resumed run to take its run lock")
     _wait_for(lambda: any((repo / ".snakemake/locks").glob("*.lock")), "the resumed run to lock the directory")
-    second = subprocess.run(CMD, cwd=repo, env=_env(repo), capture_output=True, text=True, timeout=300)
+    # Snakemake tries its directory lock only when it has jobs to run; paused, the resumed run
+    # cannot finish the study while the second one starts (which may take longer on a busy machine).
+    os.kill(resumed.pid, signal.SIGSTOP)
+    try:
+        second = subprocess.run(CMD, cwd=repo, env=_env(repo), capture_output=True, text=True, timeout=300)
+    finally:
+        os.kill(resumed.pid, signal.SIGCONT)
     out = resumed.communicate(timeout=600)[0]
     assert second.returncode != 0, f"a second live run was not refused:\n{second.stdout[-2000:]}{second.stderr[-2000:]}"
     assert "cannot be locked" in second.stdout + second.stderr
