@@ -10,13 +10,14 @@ tokens at the start. fairseq draws the table from N(0, d^-1/2), which the scale 
 This probe trains the CPU study's PTB task (workflow/studies/cpu/params.yaml: d128, 2,048 words a
 step, lr 3e-3, 200 warm-up steps, 800 steps, fp32, one thread) with DEPTH post-LN layers and
 sinusoidal positions, per seed, once with the pipeline's init and once with the table drawn from
-N(0, d^-1/2). Everything else is the pipeline's own train stage (`python -m pipeline_src train`),
-in a work folder of its own. It prints each run's best validation loss beside the unigram loss and
+N(0, d^-1/2) (`model.embed_init`: xavier, normal). Everything else is the pipeline's own train
+stage (`python -m pipeline_src train`), in a work folder of its own. It prints each run's best validation loss beside the unigram loss and
 whether the run trained by the report's rule (pipeline_src/report/aggregate.py: failure).
 
     python bench/probe_embed_init.py [--depth 4] [--seeds 0 1 2] [--steps 800] [--jobs 2] [--out DIR]
 
-It changes nothing in the pipeline: the N(0, d^-1/2) table exists only in this probe's processes.
+The committed record was made before `model.embed_init` existed, with the same draw patched into
+TokenEmbedding in the probe's own processes (same RNG calls, so the same tables).
 """
 from __future__ import annotations
 
@@ -44,32 +45,15 @@ def _study(init: str, depth: int, seeds: list[int], steps: int) -> dict:
             "mirror": str(mirror_dir()), "device": "cpu", "seeds": seeds,
             "datasets": {"ptb": cpu["datasets"]["ptb"]}, "tasks": {"ptb": task},
             "cells": {"deep": {"family": "layers", "label": f"{depth} layers",
-                               "model": {"dec_layers": depth, "enc_layers": depth}}}}
+                               "model": {"dec_layers": depth, "enc_layers": depth, "embed_init": init}}}}
 
 
 def _stage(work: Path, init: str, *args: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), PIPELINE_QUIET="1", PIPELINE_CPU_THREADS="1")
-    cmd = [sys.executable, __file__, "--as-stage", init, "--", *args, "--params", f"{init}.yaml"]
+    cmd = [sys.executable, "-m", "pipeline_src", *args, "--params", f"{init}.yaml"]
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"probe: {' '.join(args)} ({init}) failed:\n{proc.stderr[-2000:]}")
-
-
-def _as_stage(init: str, argv: list[str]) -> int:
-    """Run one pipeline stage in this process, with the token table drawn as `init` says."""
-    import torch
-
-    from pipeline_src.__main__ import main
-    from pipeline_src.model import positions
-
-    if init == "normal":
-        def normal_table(self, vocab_size: int, d_model: int) -> None:
-            torch.nn.Module.__init__(self)
-            self.weight = torch.nn.Parameter(torch.nn.init.normal_(torch.empty(vocab_size, d_model), 0.0, d_model ** -0.5))
-            self.scale = d_model ** 0.5
-
-        positions.TokenEmbedding.__init__ = normal_table
-    return main(argv)
 
 
 def main() -> None:
@@ -80,11 +64,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="training runs at once (one thread each)")
     ap.add_argument("--work", default=str(REPO / "bench" / "out" / "probe_embed_init"))
     ap.add_argument("--out", default=str(REPO / "reports" / "bench"), help="where the record goes")
-    ap.add_argument("--as-stage", help=argparse.SUPPRESS)
-    ap.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.as_stage:
-        sys.exit(_as_stage(args.as_stage, [a for a in args.rest if a != "--"]))
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -840,3 +840,27 @@ def test_compute_dtype_residual_stream(arch, norm):
 def test_residual_dtype_must_be_known():
     with pytest.raises(ValueError, match="model.residual_dtype"):
         make(residual_dtype="bfloat16")
+
+
+def test_embed_init_normal_draws_unit_size_entries_and_xavier_stays_the_default():
+    """model.embed_init "normal": the table is N(0, d^-1/2), so scaled by sqrt(d) its entries have
+    unit size; the default stays Xavier-uniform, drawn as before (same seed, same model)."""
+    vocab, d = 4000, 64
+    torch.manual_seed(0)
+    expected = nn.init.xavier_uniform_(torch.empty(vocab, d))
+    default = make("decoder_only", vocab_size=vocab, d_model=d)
+    assert torch.equal(default.tgt_embed.weight.detach(), expected)
+    normal = make("decoder_only", vocab_size=vocab, d_model=d, embed_init="normal")
+    scaled = normal.tgt_embed.weight.detach() * normal.tgt_embed.scale
+    assert abs(scaled.std().item() - 1.0) < 0.02 and abs(scaled.mean().item()) < 0.01
+    xavier_scaled = default.tgt_embed.weight.detach() * default.tgt_embed.scale
+    assert xavier_scaled.std().item() < 0.2  # sqrt(2 / (V + d) * d): 0.18 here
+    # Tied: the output projection is the same table; untied source tables are drawn alike.
+    assert normal.lm_head.weight is normal.tgt_embed.weight
+    untied = make("encoder_decoder", vocab_size=vocab, d_model=d, embed_init="normal", tie_embeddings=False)
+    assert abs((untied.src_embed.weight.detach() * untied.src_embed.scale).std().item() - 1.0) < 0.02
+
+
+def test_embed_init_must_be_known():
+    with pytest.raises(ValueError, match="model.embed_init"):
+        make(embed_init="uniform")

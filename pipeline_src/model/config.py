@@ -14,6 +14,7 @@ NORMS = ("post", "pre")
 ACTIVATIONS = ("relu", "gelu")
 ATTENTION_IMPLS = ("explicit", "sdpa")
 RESIDUAL_DTYPES = ("float32", "compute")
+EMBED_INITS = ("xavier", "normal")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class ModelConfig:
     # is kept in autocast's dtype (bf16) instead of fp32, halving the bytes of the memory-bound
     # add + dropout + LayerNorm kernels; LayerNorm still computes in fp32. No effect without autocast.
     residual_dtype: str = "float32"     # "float32" | "compute"
+    # The token table's initial entries: "xavier" (uniform, like every other matrix, as in The
+    # Annotated Transformer) or "normal", N(0, d_model^-1/2) as fairseq draws it, which the
+    # sqrt(d_model) scale brings to unit size beside the sinusoids' 0.71 (positions.py).
+    embed_init: str = "xavier"          # "xavier" | "normal"
     pad_id: int = 0
     bos_id: int = 2
     eos_id: int = 3
@@ -60,6 +65,7 @@ class ModelConfig:
         choice("activation", ACTIVATIONS)
         choice("attention_impl", ATTENTION_IMPLS)
         choice("residual_dtype", RESIDUAL_DTYPES)
+        choice("embed_init", EMBED_INITS)
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "max_len"):
             at_least(name, 1)
         # A stack the chosen architecture actually uses must have at least one layer.

@@ -39,10 +39,10 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
-        self.tgt_embed = TokenEmbedding(cfg.vocab_size, d)
+        self.tgt_embed = TokenEmbedding(cfg.vocab_size, d, cfg.embed_init)
         # With a shared vocabulary, one table serves source, target and output (§3.4).
         untied_src = cfg.arch == "encoder_decoder" and not cfg.tie_embeddings
-        self.src_embed = TokenEmbedding(cfg.vocab_size, d) if untied_src else None
+        self.src_embed = TokenEmbedding(cfg.vocab_size, d, cfg.embed_init) if untied_src else None
         self.positions = additive_positions(cfg)   # one table shared by both stacks; None for none/rope
         self.embed_dropout = nn.Dropout(cfg.dropout)  # on the sum of embeddings and positions (§5.4)
         self.encoder = Encoder(cfg, cfg.enc_layers) if cfg.arch != "decoder_only" else None
