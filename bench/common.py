@@ -192,3 +192,13 @@ def timed_run(cmd: list[str], cwd: Path, timeout: float | None = None, check: bo
     if check and proc.returncode:
         raise RuntimeError(f"`{' '.join(map(str, cmd))}` exited {proc.returncode}:\n{output[-3000:]}")
     return wall, cpu, output
+
+
+def run_stage(work: Path, params: str, *args: str) -> None:
+    """`python -m pipeline_src <args> --params <params>` in the work folder `work`, one thread,
+    quiet; exits with the stage's last error lines if it fails (the probes' runs)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PIPELINE_QUIET="1", PIPELINE_CPU_THREADS="1")
+    cmd = [sys.executable, "-m", "pipeline_src", *args, "--params", params]
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"probe: {' '.join(args)} ({params}) failed:\n{proc.stderr[-2000:]}")

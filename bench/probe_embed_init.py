@@ -23,15 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
 
-from common import REPO, md_table, mirror_dir, write_report
+from common import REPO, md_table, mirror_dir, run_stage, write_report
 
 INITS = ("xavier", "normal")
 
@@ -49,11 +46,7 @@ def _study(init: str, depth: int, seeds: list[int], steps: int) -> dict:
 
 
 def _stage(work: Path, init: str, *args: str) -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO), PIPELINE_QUIET="1", PIPELINE_CPU_THREADS="1")
-    cmd = [sys.executable, "-m", "pipeline_src", *args, "--params", f"{init}.yaml"]
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        sys.exit(f"probe: {' '.join(args)} ({init}) failed:\n{proc.stderr[-2000:]}")
+    run_stage(work, f"{init}.yaml", *args)
 
 
 def main() -> None:
