@@ -10,15 +10,7 @@
 #   - checked: SLURM restarted the job at least twice (>= 3 allocations), the run's cost.json
 #     lists its stops, and train_metrics.json equals the local run's byte for byte.
 # Needs SLURM_CONF (or /etc/slurm/slurm.conf) and the venv on PATH.
-#
-#   check_slurm_requeue.sh               calibrate, then the SLURM run and the checks
-#   check_slurm_requeue.sh --calibrate   only the calibration: prints the step count
-#   REQUEUE_STEPS=N check_slurm_requeue.sh   the SLURM run with N steps, calibrated earlier
-# Calibrate on a machine doing nothing else: the run may then go beside other work (CI runs it
-# beside the tests), since a job slower than calibrated only takes more allocations, never fewer.
 set -euo pipefail
-MODE=${1:-}
-[[ -z $MODE || $MODE == --calibrate ]] || { echo "usage: check_slurm_requeue.sh [--calibrate]" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${CLUSTER_WORK:-/tmp/pipeline-cluster-check}-requeue
 PARAMS=workflow/studies/requeue/params.yaml
@@ -26,54 +18,6 @@ RUN=data/requeue/runs/reorder/baseline/seed0
 export PIPELINE_QUIET=1
 fail() { echo "FAIL: $*" >&2; exit 1; }
 say() { echo "check_slurm_requeue: $*"; }
-
-rm -rf "$WORK" && mkdir -p "$WORK/repo"
-(cd "$ROOT" && git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$WORK/repo")
-cd "$WORK/repo"
-export PYTHONPATH=$PWD
-mkdir -p "$(dirname "$PARAMS")"
-# The tiny study, one cell, d64. Its step count is set from this machine's speed so that the
-# training takes about 55 s: a 1-minute allocation leaves 20-25 s of it (30 s are kept back for
-# the save, and the job's start-up and the last step's safety margin come off too), so two
-# allocations (at most ~49 s) are too few and three (at least ~60 s) are enough: the check needs >= 3
-# allocations and usually gets exactly 3 (4 where other work beside it slows the job down). At 80 s
-# it needed 4 (about 300 s instead of 190 s). The
-# calibration trains 1,500 steps, so start-up costs hardly count (a 300-step one counted them,
-# made the real run faster than predicted, and 60 s then fitted in 2 allocations).
-study() {  # study NAME MAX_STEPS -> params file on stdout
-  python - "$1" "$2" <<'PY'
-import sys, yaml
-p = yaml.safe_load(open("tests/fixtures/params/valid_tiny.yaml"))
-p["study"] = sys.argv[1]
-task = p["tasks"]["reorder"]
-task["cells"] = ["baseline"]
-task["model"].update(d_model=64, d_ff=256)
-steps = int(sys.argv[2])
-task["train"].update(max_steps=steps, eval_every=max(1, steps // 5), log_every=50)
-print(yaml.safe_dump(p))
-PY
-}
-if [[ -n ${REQUEUE_STEPS:-} ]]; then
-  [[ $REQUEUE_STEPS =~ ^[0-9]+$ ]] || fail "REQUEUE_STEPS=$REQUEUE_STEPS: not a step count"
-  steps=$REQUEUE_STEPS
-  say "$steps steps, calibrated earlier (about 55 s of training on a machine doing nothing else)"
-else
-  study calibrate 1500 >"$WORK/calibrate.yaml"
-  # (its stages fork from the start-up server: the training loop's speed is the same, the imports are saved)
-  python -m pipeline_src preload bash -c 'for stage in "download --dataset tiny_reorder" "filter --task reorder" \
-      "bpe --task reorder" "train --task reorder --cell baseline --seed 0"; do
-    python -m pipeline_src $stage --params "$0" >/dev/null || exit 1
-  done' "$WORK/calibrate.yaml"
-  steps=$(python -c "import json; w = json.load(open('data/calibrate/runs/reorder/baseline/seed0/cost.json'))['wall_s']
-print(max(1000, round(1500 / w * 55 / 100) * 100))")
-  rm -rf data/calibrate
-  if [[ $MODE == --calibrate ]]; then
-    echo "check_slurm_requeue: this machine trains the cell at $((steps / 55)) steps/s: $steps steps, about 55 s" >&2
-    echo "$steps"
-    exit 0
-  fi
-  say "this machine trains the cell at $((steps / 55)) steps/s: $steps steps, about 55 s"
-fi
 
 # A job that requeues itself is eligible again ~11 s later, but only the scheduler's periodic pass
 # starts it, every 60 s by default: about 70 s of this check's time was that wait. For this check
@@ -89,6 +33,41 @@ if [ -w "$conf" ] && grep -qx "ClusterName=pipeline" "$conf" && ! grep -q "^Sche
   scontrol reconfigure || fail "scontrol reconfigure"
 fi
 
+rm -rf "$WORK" && mkdir -p "$WORK/repo"
+(cd "$ROOT" && git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$WORK/repo")
+cd "$WORK/repo"
+export PYTHONPATH=$PWD
+mkdir -p "$(dirname "$PARAMS")"
+# The tiny study, one cell, d64. Its step count is set from this machine's speed so that the
+# training takes about 55 s: a 1-minute allocation leaves 20-25 s of it (30 s are kept back for
+# the save, and the job's start-up and the last step's safety margin come off too), so two
+# allocations (at most ~49 s) are too few and three (at least ~60 s) are enough: the check needs >= 3
+# allocations and usually gets exactly 3. At 80 s it needed 4 (about 300 s instead of 190 s). The
+# calibration trains 1,500 steps, so start-up costs hardly count (a 300-step one counted them,
+# made the real run faster than predicted, and 60 s then fitted in 2 allocations).
+study() {  # study NAME MAX_STEPS -> params file on stdout
+  python - "$1" "$2" <<'PY'
+import sys, yaml
+p = yaml.safe_load(open("tests/fixtures/params/valid_tiny.yaml"))
+p["study"] = sys.argv[1]
+task = p["tasks"]["reorder"]
+task["cells"] = ["baseline"]
+task["model"].update(d_model=64, d_ff=256)
+steps = int(sys.argv[2])
+task["train"].update(max_steps=steps, eval_every=max(1, steps // 5), log_every=50)
+print(yaml.safe_dump(p))
+PY
+}
+study calibrate 1500 >"$WORK/calibrate.yaml"
+# (its stages fork from the start-up server: the training loop's speed is the same, the imports are saved)
+python -m pipeline_src preload bash -c 'for stage in "download --dataset tiny_reorder" "filter --task reorder" \
+    "bpe --task reorder" "train --task reorder --cell baseline --seed 0"; do
+  python -m pipeline_src $stage --params "$0" >/dev/null || exit 1
+done' "$WORK/calibrate.yaml"
+steps=$(python -c "import json; w = json.load(open('data/calibrate/runs/reorder/baseline/seed0/cost.json'))['wall_s']
+print(max(1000, round(1500 / w * 55 / 100) * 100))")
+rm -rf data/calibrate
+say "this machine trains the cell at $((steps / 55)) steps/s: $steps steps, about 55 s"
 study requeue "$steps" >"$PARAMS"
 git init -q && git add -A && git -c user.name=ci -c user.email=ci@localhost commit -qm "scratch copy"
 
