@@ -88,10 +88,12 @@ cluster-test: install
 # Two test processes share the cores (pytest-xdist, one file per worker so module fixtures are built
 # once; the longest files first, tests/conftest.py), their studies' jobs started by the start-up
 # server; tests marked serial (kill or signal runs at random moments, or time them) run afterwards
-# on their own, every job in a process of its own.
+# on their own, every job in a process of its own (pytest then collects only the files that mark
+# tests serial: collecting every file imports what all of them import, ~5 s).
+SERIAL_TEST_FILES = $(shell grep -l "mark\.serial" tests/test_*.py)
 test: install
 	PIPELINE_QUIET=1 $(PRELOAD) pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not serial" --durations=15 tests
-	PIPELINE_QUIET=1 pytest -q -m serial --durations=5 tests
+	PIPELINE_QUIET=1 pytest -q -m serial --durations=5 $(or $(SERIAL_TEST_FILES),tests)
 
 # What a GPU node without internet needs, packed for it (README "On a GPU node without internet").
 bundle: install

@@ -78,6 +78,14 @@ git clone -q "$WORK/repo" "$WORK/local"
    --quiet rules -- "$RUN/train_metrics.json") >"$WORK/local.log" 2>&1 &
 local_run=$!
 
+# The data stages (download, filter, BPE) run here, forked from the start-up server: this check is
+# about the training job, and the same stages as a SLURM job cost ~40 s, mostly waiting for the
+# plugin's status checks (3, 16, 39 s) to see a job of a few seconds finished. The tiny study
+# (check_slurm.sh) runs them through SLURM.
+say "the data stages, locally"
+python -m pipeline_src preload snakemake --cores 1 --config "params=$PARAMS" --quiet rules --until bpe \
+  -- "$RUN/train_metrics.json" >"$WORK/data.log" 2>&1 || { tail -30 "$WORK/data.log"; fail "the data stages"; }
+
 say "SLURM: the train job has a 1-minute limit"
 # The SLURM plugin checks the job's state after 3 s, then waits 10 s longer after each check that
 # finds it unfinished: checks at 3, 16, 39, 72 and 115 s. The requeued job finishes ~95 s after it
@@ -87,6 +95,7 @@ t0=$SECONDS
 snakemake --profile workflow/profiles/slurm --config "params=$PARAMS" --slurm-init-seconds-before-status-checks 3 \
   --set-resources train:runtime=1 -- "$RUN/train_metrics.json" >"$WORK/slurm.log" 2>&1 \
   || { tail -40 "$WORK/slurm.log"; fail "the SLURM run did not finish"; }
+[ "$(grep -c "submitted with SLURM jobid" "$WORK/slurm.log")" = 1 ] || fail "SLURM ran more than the train job"
 job=$(grep -oE "submitted with SLURM jobid [0-9]+" "$WORK/slurm.log" | tail -1 | grep -oE "[0-9]+$")  # the cell's
 restarts=$(scontrol show job "$job" 2>/dev/null | grep -oE "Restarts=[0-9]+" | cut -d= -f2)
 [ -n "$restarts" ] || fail "SLURM no longer knows job $job"
