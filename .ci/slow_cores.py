@@ -13,9 +13,17 @@ up to (1 - speed) x 10 ms that a woken process may wait for its core.
 
 The busy column of `.ci/run`'s timing table counts these processes too. Needs root (real-time
 priority) and is for rehearsals only: nothing in CI or the pipeline uses it.
+
+A VM's own speed drifts from hour to hour, and "a fraction S of this machine" with it. With
+`--probe REF` the fraction is set against a fixed speed instead: `.ci/speed_probe.py` is timed
+first, at full speed, and the command gets S x (probe now / REF), where REF is the probe's time
+when S was calibrated (.ci/README.md). A machine faster now than then is slowed more.
+
+    python3 .ci/slow_cores.py --speed 0.54 --probe 7.0 --python .venv/bin/python -- bash .ci/run
 """
 import argparse
 import os
+from pathlib import Path
 import signal
 import subprocess
 import sys
@@ -40,11 +48,25 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--speed", type=float, required=True,
                         help="fraction of each core left to the command, e.g. 0.4")
+    parser.add_argument("--probe", type=float, metavar="REF_S",
+                        help="scale --speed by (speed_probe.py's seconds now / REF_S): REF_S is the probe's "
+                             "time when --speed was calibrated")
+    parser.add_argument("--python", default="python3",
+                        help="an interpreter with torch, for the probe (default: python3)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given")
+    if args.probe is not None:
+        probe = str(Path(__file__).resolve().parent / "speed_probe.py")
+        times = [float(subprocess.run([args.python, probe], check=True, capture_output=True, text=True).stdout)
+                 for _ in range(3)]
+        now = sorted(times)[1]  # the median of three
+        speed = args.speed * now / args.probe
+        print(f"slow_cores: probe {now:.2f} s now (runs: {', '.join(f'{t:.2f}' for t in times)}) against "
+              f"{args.probe:.2f} s when --speed {args.speed} was calibrated: speed {speed:.3f}", flush=True)
+        args.speed = speed
     if not 0.05 <= args.speed <= 0.95:
         parser.error(f"--speed {args.speed}: must be between 0.05 and 0.95")
     busy_s = (1.0 - args.speed) * PERIOD_S
