@@ -19,15 +19,15 @@ A VM's own speed drifts from hour to hour, and "a fraction S of this machine" wi
 first, at full speed, and the command gets S x (probe now / REF), where REF is the probe's time
 when S was calibrated (.ci/README.md). A machine faster now than then is slowed more.
 
-    python3 .ci/slow_cores.py --speed 0.54 --probe 7.0 --python .venv/bin/python -- bash .ci/run
+    python3 .ci/slow_cores.py --speed 0.570 --probe 6.73 --python .venv/bin/python -- bash .ci/run
 """
 import argparse
 import os
-from pathlib import Path
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 PERIOD_S = 0.010
 
