@@ -2,25 +2,31 @@
 
 A reference directory (e.g. reports/reference/cpu/) keeps, for the runs chosen to be re-checked,
 the metrics files the train and evaluate stages wrote, under
-`check/<task>/<cell>/seed<N>/{train_metrics,eval_metrics,cost}.json`. After the stages have
-re-made that run from scratch (download -> ... -> evaluate; `.ci/run` does this),
+`check/<task>/<cell>/seed<N>/{train_metrics,eval_metrics,cost,train_info}.json`. After the stages
+have re-made that run from scratch (download -> ... -> evaluate; `.ci/run` does this),
 
     python -m pipeline_src check-reference --params P --task T --cell C --seed N --reference DIR
 
-compares every figure. Same CPU model, same torch and same arithmetic (cost.json: device_name,
-precision; the versions from train_info.json): identical bytes are expected, and any figure that
-moved is printed with how far. The check fails when a figure moves beyond its tolerance:
+compares every figure, and first the machines (pipeline_src/machine.py; cost.json "machine"):
+what decides the floats is the CPU's vendor and the instruction sets its kernels use (ATen's CPU
+capability, the AVX-512/AMX flags oneDNN and MKL look at, any variable forcing lower kernels),
+the torch and numpy versions, the thread count and the arithmetic (precision), not the model
+name. Where every fact matches, identical bytes are expected, and a figure may move only within
+its same-machine tolerance:
 
   BLEU +-0.3, chrF +-0.5, ROUGE +-0.5 (points); perplexities +-1 % (relative); losses +-0.01 (nats, ~1 %
   of perplexity); counts (parameters, FLOPs per token, steps, tokens, test sentences, words): exact.
 
-On another CPU model or torch version the same run is computed with other kernels, so its numbers
-are another draw of the run-to-run noise the seeds show: the tolerance of a figure is then the
-larger of the above and 3 standard deviations of that figure over the cell's seeds in the
-reference's summary.csv. A perplexity's spread is proportional to its level (it is the exponential
-of a loss, whose spread in nats is what carries over), and a check run can sit at another level
-than the study's runs (a shortened run): its seeds' standard deviation is taken relative to their
-mean, at the check run's level. Which rule applied is printed.
+Elsewhere (or where the reference does not record a fact) the same run is computed with other
+kernels, and its numbers are another draw of the run-to-run noise the study's seeds show: a
+figure's tolerance is then the larger of the above and 3 standard deviations of that figure over
+the cell's seeds in the reference's summary.csv. A perplexity's spread is proportional to its
+level (it is the exponential of a loss, whose spread in nats is what carries over), and a check
+run can sit at another level than the study's runs (a shortened run): its seeds' standard
+deviation is taken relative to their mean, at the check run's level. No tolerance reaches half of
+the reference figure (a ROUGE of 0.96 may not move by 0.99): a run that learned nothing, or a
+metric that broke to zero, always fails. Every line says which machine facts differed and which
+rule gave each figure its tolerance.
 
 With --make, the run's current files are copied into the reference instead (a deliberate
 regeneration, for a code change that is meant to move the numbers).
@@ -33,6 +39,7 @@ import math
 import shutil
 from pathlib import Path
 
+from . import machine
 from .common import StageError, package_versions
 from .config import Study
 from .stages import output_path
@@ -43,6 +50,8 @@ LOSS_NATS = 0.01
 EXACT = ("n_params", "flops_per_token", "steps", "epochs", "train_tokens", "n_test", "val_words", "test_words")
 NOT_COMPARED = ("best_step", "checkpoint_step")  # where the best validation fell: reported, not a result
 SEED_SPREAD = 3.0
+# No tolerance reaches this share of the reference figure, so that a zero never passes.
+MAX_SHARE = 0.5
 FILES = {"train_metrics.json": ("train", "metrics"), "eval_metrics.json": ("evaluate", "metrics"),
          "cost.json": ("train", "cost"), "train_info.json": ("train", "info")}
 
@@ -62,9 +71,9 @@ def _figures(run_dir: Path) -> dict[str, float]:
 
 def _machine(run_dir: Path) -> dict:
     cost = json.loads((run_dir / "cost.json").read_text())
-    info = json.loads((run_dir / "train_info.json").read_text())
-    return {"cpu": cost.get("device_name"), "precision": cost.get("precision"),
-            "torch": info.get("provenance", {}).get("versions", {}).get("torch")}
+    if "machine" in cost:
+        return cost["machine"]
+    return machine.legacy_facts(cost, json.loads((run_dir / "train_info.json").read_text()))
 
 
 def tolerance(name: str, value: float) -> tuple[float, str]:
@@ -100,18 +109,21 @@ def compare(reference_dir: Path, run_dir: Path, spread: dict[str, float] | None 
     """(passed, report lines) for one run against its reference copy. `spread` and `level`: the
     standard deviation and mean of each figure over the reference study's seeds of the cell."""
     ref_machine, run_machine = _machine(reference_dir), _machine(run_dir)
-    same_machine = ref_machine == run_machine
-    lines = []
+    differ = machine.differences(ref_machine, run_machine)
+    same_machine = not differ
+    lines = [f"reference machine: {machine.describe(ref_machine)}",
+             f"this machine:      {machine.describe(run_machine)}"]
     if (reference_dir / "train_metrics.json").read_bytes() == (run_dir / "train_metrics.json").read_bytes() and \
             (reference_dir / "eval_metrics.json").read_bytes() == (run_dir / "eval_metrics.json").read_bytes():
         lines.append("identical: train_metrics.json and eval_metrics.json have the reference's bytes")
         return True, lines
     if same_machine:
-        lines.append(f"same machine type as the reference ({ref_machine}): identical bytes were expected; "
-                     f"figures compared with the stated tolerances")
+        lines.append(f"same machine kind as the reference (equal {', '.join(machine.COMPARED)}): identical bytes "
+                     f"were expected; figures compared with the same-machine tolerances")
     else:
-        lines.append(f"other machine type: reference {ref_machine}, this run {run_machine}; a figure may move by "
-                     f"the larger of its tolerance and {SEED_SPREAD:g} seed standard deviations of the reference")
+        lines.append(f"another machine kind ({'; '.join(differ)}): a figure may move by the larger of its "
+                     f"same-machine tolerance and {SEED_SPREAD:g} seed standard deviations of the reference, "
+                     f"never by {100 * MAX_SHARE:g} % of its value")
     ref, now = _figures(reference_dir), _figures(run_dir)
     passed = True
     for name in sorted(set(ref) | set(now)):
@@ -134,6 +146,9 @@ def compare(reference_dir: Path, run_dir: Path, spread: dict[str, float] | None 
                 relative = f" ({100 * SEED_SPREAD * spread[name] / level[name]:.3g} % of {a:.6g})"
             if by_seeds > allowed:
                 allowed, stated = by_seeds, f"+-{SEED_SPREAD:g} seed std = +-{by_seeds:.4g}{relative}"
+        if allowed >= MAX_SHARE * abs(a) and a:
+            allowed = MAX_SHARE * abs(a) * (1 - 1e-9)
+            stated += f", capped below {100 * MAX_SHARE:g} % of the reference = +-{allowed:.4g}"
         diff = b - a
         ok = abs(diff) <= allowed + 1e-12
         passed &= ok

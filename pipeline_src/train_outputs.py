@@ -18,7 +18,7 @@ import shutil
 
 import torch
 
-from . import allocator, precision, train_state
+from . import allocator, machine, precision, train_state
 from .common import atomic_dir, atomic_write_json, atomic_write_text, cpu_name, provenance
 from .compiling import compiled_graphs
 from .live_log import log_tsv
@@ -77,6 +77,9 @@ def cost_record(run) -> dict:
         # pages of the libraries that the copy never touched (~50 MB less on a CPU)
         "preloaded": os.environ.get("PIPELINE_PRELOADED") == str(os.getpid()),
         "precision": precision.name(device, t.precision),
+        # what decides the run's floats: check-reference expects identical bytes only where all match
+        "machine": machine.facts(precision.name(device, t.precision),
+                                 torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
         "achieved_flops": 3 * fpt * tokens_per_s,  # the convention of estimate.py (FLOPs at the max lengths)
         "resumed_from_step": run.resumed_from, "stops": run.state.get("stops", []), "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
