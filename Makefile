@@ -13,7 +13,7 @@ GPU_STUDY := workflow/studies/gpu/params.yaml
 CPU_STUDY := workflow/studies/cpu/params.yaml
 CNNDM_STUDY := workflow/studies/cnndm/params.yaml
 
-.PHONY: install system-deps demo mirror cpu-study cnndm-study gpu-plan gpu-report full slurm cluster-test test bench bundle dvc-yaml exp-show lint clean
+.PHONY: install system-deps demo mirror cpu-study cnndm-study gpu-plan gpu-report full slurm cluster-test test test-avx2 bench bundle dvc-yaml exp-show lint clean
 
 # PIP_FLAGS: more pip install options (CI: --no-compile, .ci/run).
 PIP_FLAGS ?=
@@ -94,6 +94,11 @@ SERIAL_TEST_FILES = $(shell grep -l "mark\.serial" tests/test_*.py)
 test: install
 	PIPELINE_QUIET=1 $(PRELOAD) pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not serial" --durations=15 tests
 	PIPELINE_QUIET=1 pytest -q -m serial --durations=5 $(or $(SERIAL_TEST_FILES),tests)
+
+# The same tests computing with AVX2 kernels, as on a CPU without AVX-512 (torch's ATen, oneDNN and
+# MKL forced down; on such a CPU this is `make test`). CI runs its tests this way.
+test-avx2: install
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(MAKE) test
 
 # What a GPU node without internet needs, packed for it (README "On a GPU node without internet").
 bundle: install

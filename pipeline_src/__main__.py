@@ -149,7 +149,7 @@ def _run(args, study) -> int | None:
         from .evaluate import run
         return run(study, args.task, args.cell, args.seed)
     if stage == "promote":
-        from .screening import run_promote
+        from .report.promote import run_promote
         return run_promote(study, args.screen)
     if stage == "plan":
         from .report.plan import run

@@ -27,7 +27,7 @@ from .common import (StageError, atomic_dir, atomic_write_bytes, atomic_write_js
 from .config import ConfigError
 from .data import SPLITS, log, num_proc_for, quiet_datasets, read_parquet
 from .data.tokens import BOS, EOS, PAD, SPECIAL_PIECES, UNK, sides_for
-from .stages import output_path
+from .paths import output_path
 
 MAX_SENTENCE_BYTES = 1 << 16  # longer training lines are cut at whitespace (BPE merges never cross it)
 SAMPLE_SEED = 0

@@ -40,7 +40,7 @@ MODEL_DEFAULTS: dict[str, Any] = dict(
     arch="encoder_decoder", d_model=512, n_heads=8, enc_layers=6, dec_layers=6, d_ff=2048,
     dropout=0.1, attention_dropout=0.0, pos_encoding="sinusoidal", max_len=1024, residual=True,
     norm="post", activation="relu", tie_embeddings=True, copy_attention=False, attention_impl="sdpa", residual_dtype="float32",
-    embed_init="xavier",
+    embed_init="normal",
 )
 
 

@@ -19,7 +19,8 @@ from .config import Study
 from .report import display_name
 from .report import views
 from .report.views import curve_path, headline_metric, headline_plot_path, learning_curve_cells, learning_curve_path
-from .stages import METRICS, PLOTS, Job, jobs_by_stage, output_path
+from .paths import METRICS, PLOTS, dvc_yaml_path, output_path  # noqa: F401 (dvc_yaml_path: its callers)
+from .stages import Job, jobs_by_stage
 
 # Job wildcards that become ${item.*} in foreach stages; fv/tv: the data variant (filter, tokenizer).
 WILDCARDS = ("dataset", "task", "cell", "seed", "fv", "tv", "screen")
@@ -29,11 +30,6 @@ HEADER = """\
 # Do not edit by hand: change the stage table or the params file and regenerate.
 # (tests/test_dag.py fails when this file is out of date.)
 """
-
-
-def dvc_yaml_path(study: Study) -> Path:
-    params = Path(study.path)
-    return Path("dvc.yaml") if params.as_posix() == "params.yaml" else params.parent / "dvc.yaml"
 
 
 def _out_entries(stage: str, outs: dict[str, str]) -> list:

@@ -26,9 +26,10 @@ from .config import Study
 from .data.tokens import EOS, PAD, load_spm
 from .model import beam_search
 from .model.static_decode import beam_search_static
-from .stages import data_paths, output_path
+from .paths import data_paths, output_path
 from .precision import autocast
-from .train import load_trained_model, select_device
+from .gpu_slots import select_device
+from .model.checkpoint import load_trained_model
 
 
 @torch.no_grad()

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .config import Study
 from .report.views import headline_metric, metrics_file
-from .stages import METRICS, output_path
+from .paths import METRICS, output_path
 
 ROWS = ("Experiment", "Created")
 SECTIONS = ("model", "train", "eval", "filter", "bpe")  # a cell's settings (not its family or label)

@@ -80,3 +80,20 @@ def claim_gpu(n_gpus: int | None = None, wait_s: float = 3600.0, poll_s: float =
             raise TimeoutError(f"no free GPU among {n_gpus} (x {per_gpu} jobs each) after {wait_s:.0f} s "
                                f"(locks in {lock_dir()})")
         time.sleep(poll_s)
+
+
+def select_device(study):
+    """The torch device a job of `study` runs on: a free GPU slot, or the CPU at PIPELINE_CPU_THREADS threads."""
+    import torch
+
+    from .common import StageError
+
+    want = study.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise StageError("device: cuda requested in the params file but torch sees no CUDA device")
+    if want in ("auto", "cuda") and torch.cuda.is_available():
+        if "LOCAL_RANK" in os.environ:  # torchrun: one process per GPU, chosen by torchrun
+            return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        return torch.device("cuda", claim_gpu())
+    torch.set_num_threads(int(os.environ.get("PIPELINE_CPU_THREADS", "1")))
+    return torch.device("cpu")

@@ -63,7 +63,7 @@ import yaml
 from .common import ConfigError, StageError, atomic_write_json, atomic_write_text, git_commit, package_versions
 from .config import Study
 from .parts_layout import Layout, Run, archive_name, load_layout, study_runs
-from .stages import OUTPUTS, data_paths, output_path
+from .paths import OUTPUTS, data_paths, output_path
 
 PARTIAL_EXIT = 3  # build: a report was built, but of fewer runs than the study has
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from . import machine
 from .common import StageError, package_versions
 from .config import Study
-from .stages import output_path
+from .paths import output_path
 
 ABSOLUTE = {"bleu": 0.3, "chrf": 0.5, "rouge1": 0.5, "rouge2": 0.5, "rougeLsum": 0.5}
 RELATIVE_PPL = 0.01

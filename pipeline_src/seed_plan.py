@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 
 from .common import StageError
-from .stages import output_path, write_records
+from .paths import output_path, write_records
 
 NOT_NEEDED = "NOT_NEEDED.json"
 

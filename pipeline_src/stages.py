@@ -8,42 +8,30 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import re
-import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .config import Study, lookup
+from .imports import closure_files
+from .paths import (DIRECTORIES, METRICS, OUTPUTS, PLOTS, SCRATCH, data_paths, output_path,  # noqa: F401
+                    promotion_path, seed_plan_path, stage_command, tune_path, tune_record, write_records)
 
-# Code each stage runs. Listed as dependencies so that editing it reruns the stage under both
-# drivers (DVC hashes them; Snakemake compares modification times).
-# Directories are expanded to their files, because Snakemake looks at a directory's own mtime
-# (which an edited file does not change) while DVC hashes its content.
-_MODEL = "pipeline_src/model/*.py"
-_TRAINING = ["pipeline_src/train.py", "pipeline_src/train_state.py", "pipeline_src/train_outputs.py",
-             "pipeline_src/live_log.py", "pipeline_src/preemption.py", "pipeline_src/batching.py",
-             "pipeline_src/step_meter.py", "pipeline_src/compiling.py", "pipeline_src/optim.py",
-             "pipeline_src/precision.py", "pipeline_src/screening.py", _MODEL]
-CODE_PATTERNS = {
-    "download": ["pipeline_src/data/__init__.py", "pipeline_src/data/download.py", "pipeline_src/data/demo.py"],
-    "filter": ["pipeline_src/data/__init__.py", "pipeline_src/data/filter.py"],
-    "bpe": ["pipeline_src/data/__init__.py", "pipeline_src/data/tokens.py", "pipeline_src/bpe.py"],
-    "tune": ["pipeline_src/tune.py", *_TRAINING],
-    "train": [*_TRAINING],
-    "evaluate": ["pipeline_src/evaluate.py", "pipeline_src/metrics.py", "pipeline_src/batching.py",
-                 "pipeline_src/precision.py", _MODEL],
-    "promote": ["pipeline_src/screening.py", "pipeline_src/report/aggregate.py", "pipeline_src/metrics.py"],
-    "plan": ["pipeline_src/report/plan.py", "pipeline_src/report/aggregate.py", "pipeline_src/report/claims.py",
-             "pipeline_src/report/stats.py"],
-    "aggregate": ["pipeline_src/report/aggregate.py", "pipeline_src/report/stats.py", "pipeline_src/metrics.py"],
-    "figures": ["pipeline_src/report/figures.py"],
-    "tables": ["pipeline_src/report/tables.py"],
-    "claims": ["pipeline_src/report/claims.py", "pipeline_src/report/stats.py", "pipeline_src/report/aggregate.py",
-               "pipeline_src/metrics.py"],
-    "report": ["pipeline_src/report/build.py", "pipeline_src/report/claims.py", "pipeline_src/report/templates/*"],
+# The module each stage runs (python -m pipeline_src STAGE dispatches to its `run`). A stage's code
+# dependencies are that module's import closure inside the package (pipeline_src/imports.py),
+# plus the files it reads that are not Python: editing any of them reruns the stage under both
+# drivers (DVC hashes them; Snakemake compares modification times). Directories are expanded to
+# their files, because Snakemake looks at a directory's own mtime (which an edited file does not
+# change) while DVC hashes its content.
+ENTRIES = {
+    "download": "pipeline_src.data.download", "filter": "pipeline_src.data.filter", "bpe": "pipeline_src.bpe",
+    "tune": "pipeline_src.tune", "train": "pipeline_src.train", "evaluate": "pipeline_src.evaluate",
+    "promote": "pipeline_src.report.promote", "plan": "pipeline_src.report.plan",
+    "aggregate": "pipeline_src.report.aggregate", "figures": "pipeline_src.report.figures",
+    "tables": "pipeline_src.report.tables", "claims": "pipeline_src.report.claims", "report": "pipeline_src.report.build",
 }
+RESOURCES = {"report": ["pipeline_src/report/templates/*"]}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -53,7 +41,8 @@ def _expand(pattern: str) -> list[str]:
     return sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob(pattern) if p.is_file())
 
 
-CODE = {stage: [f for pat in pats for f in _expand(pat)] for stage, pats in CODE_PATTERNS.items()}
+CODE = {stage: closure_files(entry) + [f for pat in RESOURCES.get(stage, []) for f in _expand(pat)]
+        for stage, entry in ENTRIES.items()}
 # Code folders that DVC lists whole where a stage runs all of their files: the model's ten modules
 # are one entry of dvc.lock instead of ten, and DVC rewrites the whole lock file after every stage
 # (for a study of hundreds of stages, most of what `dvc repro` itself spends). Bytecode is not
@@ -61,104 +50,6 @@ CODE = {stage: [f for pat in pats for f in _expand(pat)] for stage, pats in CODE
 CODE_FOLDERS = {folder: set(_expand(f"{folder}/*")) for folder in ("pipeline_src/model",)}
 STAGE_ORDER = list(CODE)
 GPU_STAGES = {"tune", "train", "evaluate"}
-
-
-# Output paths, as templates over the job's wildcards. Snakemake rules use these templates
-# verbatim (with wildcards); DVC stages and jobs use them formatted.
-OUTPUTS: dict[str, dict[str, str]] = {
-    "download": {"raw": "data/{study}/raw/{dataset}"},
-    # {fv}/{tv}: the data variant (config.Study.data_variant): cells that override `filter` or
-    # `bpe` get their own filtered set / tokenizer; cells with equal settings share them.
-    "filter": {"filtered": "data/{study}/filtered/{task}/{fv}"},
-    "bpe": {"bpe": "data/{study}/bpe/{task}/{fv}/{tv}"},
-    # A cell's peak lr chosen on validation before its runs (cells with train.lr_grid; tune.py).
-    "tune": {"tune": "data/{study}/tune/{task}/{cell}"},
-    "train": {
-        "ckpt": "data/{study}/runs/{task}/{cell}/seed{seed}/ckpt",
-        "metrics": "data/{study}/runs/{task}/{cell}/seed{seed}/train_metrics.json",
-        "info": "data/{study}/runs/{task}/{cell}/seed{seed}/train_info.json",
-        "log": "data/{study}/runs/{task}/{cell}/seed{seed}/train_log.tsv",
-        "cost": "data/{study}/runs/{task}/{cell}/seed{seed}/cost.json",
-    },
-    "evaluate": {
-        "outputs": "data/{study}/eval/{task}/{cell}/seed{seed}/outputs",
-        "metrics": "data/{study}/eval/{task}/{cell}/seed{seed}/eval_metrics.json",
-        "info": "data/{study}/eval/{task}/{cell}/seed{seed}/eval_info.json",
-    },
-    "promote": {"promotion": "data/{study}/screening/{screen}/promotion.json"},
-    # Adaptive seeds: which cells run the seeds beyond the first round (seed_plan.py).
-    "plan": {"plan": "data/{study}/plan/seeds.json"},
-    "aggregate": {
-        "results": "reports/{study}/results.csv",
-        "summary": "reports/{study}/summary.csv",
-        "significance": "reports/{study}/significance.csv",
-        # <task>/<cell>.json: the task's headline metric (mean, std over seeds), test PPL, cost.
-        "headline": "reports/{study}/metrics",
-        # Data behind the dvc.yaml plots: <task>/train_loss|val_loss/<cell>.tsv, <task>/headline.tsv.
-        "plots": "reports/{study}/plots",
-    },
-    "figures": {"figures": "reports/{study}/figures"},
-    "tables": {"tables": "reports/{study}/tables"},
-    "claims": {"claims": "reports/{study}/claims.csv", "references": "reports/{study}/references.csv"},
-    "report": {"pdf": "reports/{study}/report.pdf", "tex": "reports/{study}/report.tex"},
-}
-DIRECTORIES = {"raw", "filtered", "bpe", "tune", "ckpt", "outputs", "figures", "tables", "headline", "plots"}
-# What DVC shows as metrics and plots: the study-level views only (one small file per task x cell;
-# plots defined at the top level of dvc.yaml by pipeline_src/dvc_yaml.py). Per-run metrics files
-# stay plain outputs: declared as metrics they made `dvc metrics show` a table of ~80 rows.
-METRICS = {("aggregate", "headline")}
-PLOTS = {("aggregate", "plots")}
-# Scratch space for resumable training state: deliberately NOT a declared output, so a driver
-# that deletes incomplete outputs after a crash does not delete the state needed to resume.
-SCRATCH = "data/{study}/scratch/{task}/{cell}/seed{seed}"
-
-
-def output_path(stage: str, name: str, **wildcards) -> str:
-    return OUTPUTS[stage][name].format(**wildcards)
-
-
-def promotion_path(study: Study, screen: str) -> str:
-    return output_path("promote", "promotion", study=study.name, screen=screen)
-
-
-def seed_plan_path(study: Study) -> str:
-    return output_path("plan", "plan", study=study.name)
-
-
-def tune_path(study: Study, task: str, cell: str) -> str:
-    return output_path("tune", "tune", study=study.name, task=task, cell=cell)
-
-
-def tune_record(study: Study, task: str, cell: str) -> Path:
-    """The tune stage's record of a cell: its lr grid, every trial and the lr chosen (tune.py)."""
-    return Path(tune_path(study, task, cell)) / "tune.json"
-
-
-def write_records(stage: str, rec: dict, marker: str, **wildcards) -> None:
-    """Every declared output of a `stage` job that does not run (a screening family not promoted,
-    an adaptive seed not needed), holding the record of why: directories get the `marker` file,
-    the training log a header only, JSON files the record. The DAG stays static; the record says
-    why there is nothing in it."""
-    from .common import atomic_dir, atomic_write_json, atomic_write_text
-
-    for name in OUTPUTS[stage]:
-        path = Path(output_path(stage, name, **wildcards))
-        if name in DIRECTORIES:
-            with atomic_dir(path) as tmp:
-                (tmp / marker).write_text(json.dumps(rec, indent=1) + "\n")
-        elif path.suffix == ".tsv":
-            atomic_write_text(path, "step\ttrain_loss\tval_loss\n")
-        else:
-            atomic_write_json(path, rec)
-
-
-def data_paths(study: Study, task: str, cell: str | None = None) -> tuple[str, str]:
-    """(filtered dir, bpe dir) a cell trains and evaluates on; without a cell, the task's
-    baseline cell's (the data the report describes as the task's)."""
-    fv, tv = study.data_variant(task, cell or study.task(task).baseline_cell)
-    owner = study.data_task(task)  # stage two of a screening reads the screened task's data
-    return (output_path("filter", "filtered", study=study.name, task=owner, fv=fv),
-            output_path("bpe", "bpe", study=study.name, task=owner, fv=fv, tv=tv))
 
 
 @dataclass(frozen=True)
@@ -183,13 +74,6 @@ class Job:
         return self.outs[name]
 
 
-def _command(stage: str, study: Study, **args) -> str:
-    parts = ["python", "-m", "pipeline_src", stage, "--params", study.path]
-    for k, v in args.items():
-        parts += [f"--{k}", str(v)]
-    return shlex.join(parts)
-
-
 def _job(study: Study, stage: str, key: str, wildcards: dict, deps, params, args: dict,
          extra_hash=None, group: str = "") -> Job:
     wc = dict(study=study.name, **wildcards)
@@ -197,7 +81,7 @@ def _job(study: Study, stage: str, key: str, wildcards: dict, deps, params, args
     param_hash = study.section_hash(*params)
     if extra_hash is not None:  # settings resolved from more than the listed sections (data variants)
         param_hash = hashlib.sha256((param_hash + repr(extra_hash)).encode()).hexdigest()[:16]
-    return Job(stage=stage, key=key, wildcards=wc, cmd=_command(stage, study, **args),
+    return Job(stage=stage, key=key, wildcards=wc, cmd=stage_command(stage, study, **args),
                deps=tuple(deps) + tuple(CODE[stage]), outs=outs, params=tuple(params),
                gpu=stage in GPU_STAGES, param_hash=param_hash, group=group)
 

@@ -29,12 +29,13 @@ from .common import StageError, progress, reading, seed_everything
 from .compiling import compile_for_training, eager, token_loss
 from .config import CellConfig, Study
 from .data.tokens import BOS, EOS, PAD, load_spm
-from .gpu_slots import claim_gpu
+from .gpu_slots import select_device
 from .live_log import LiveLog
 from .model import ModelConfig, Transformer, count_parameters, flops_per_token
+from .model.checkpoint import load_trained_model  # noqa: F401 (train.load_trained_model: its readers)
 from .optim import adamw
 from .precision import autocast
-from .stages import SCRATCH, data_paths, output_path, tune_record
+from .paths import SCRATCH, data_paths, output_path, tune_record
 from .step_meter import StepMeter
 from .train_outputs import memory_mb, write_outputs
 
@@ -357,18 +358,6 @@ def learning_rate(step: int, cfg) -> float:
     return cfg.lr
 
 
-def select_device(study: Study) -> torch.device:
-    want = study.device
-    if want == "cuda" and not torch.cuda.is_available():
-        raise StageError("device: cuda requested in the params file but torch sees no CUDA device")
-    if want in ("auto", "cuda") and torch.cuda.is_available():
-        if "LOCAL_RANK" in os.environ:  # torchrun: one process per GPU, chosen by torchrun
-            return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        return torch.device("cuda", claim_gpu())
-    torch.set_num_threads(int(os.environ.get("PIPELINE_CPU_THREADS", "1")))
-    return torch.device("cpu")
-
-
 def target_tokens(batch: dict) -> int:
     """Loss-bearing tokens of a batch. Call it on the host copy: on a GPU tensor it would stall
     the CPU until the queued work is done."""
@@ -508,17 +497,3 @@ def _peak_flops(device) -> float | None:
         a @ b
     torch.cuda.synchronize(device)
     return 2 * n**3 * reps / (time.perf_counter() - tick)
-
-
-def load_trained_model(ckpt_dir, device="cpu", which: str | None = None):
-    """(model in eval mode, meta) from a train stage's ckpt/ directory."""
-    ckpt_dir = Path(ckpt_dir)
-    if which is None:
-        which = "averaged.pt" if (ckpt_dir / "averaged.pt").exists() else "best.pt"
-    with reading(ckpt_dir / which):
-        blob = torch.load(ckpt_dir / which, map_location="cpu", weights_only=True)
-    meta = blob["meta"]
-    cfg = ModelConfig(**meta["model_config"])
-    model = Transformer(cfg)
-    model.load_state_dict(blob["model"])
-    return model.to(device).eval(), meta

@@ -21,7 +21,7 @@ from pathlib import Path
 from .common import StageError, atomic_dir, atomic_write_json
 from .config import Study
 from .live_log import log_tsv
-from .stages import SCRATCH, tune_record
+from .paths import SCRATCH, tune_record
 from .train import NonFiniteLoss, Trainer
 
 

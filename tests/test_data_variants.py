@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from pipeline_src import bpe, screening
+from pipeline_src.report import promote
 from pipeline_src.common import StageError
 from pipeline_src.config import ConfigError, load_study
 from pipeline_src.data import filter as filt
@@ -201,16 +202,16 @@ def _tests(**families):
 
 def test_promotion_rule_is_deterministic_with_top_k_and_threshold(tmp_path):
     tests = _tests(positional_encoding=(-3.0, 0.01), heads=(0.5, 0.01), residual=(-9.0, 0.2))
-    ranked = screening.rank_families(screen_params(tmp_path, {"top_k": 2}), "scr", tests)
+    ranked = promote.rank_families(screen_params(tmp_path, {"top_k": 2}), "scr", tests)
     # p-value first, then |delta|: positional_encoding (0.01, 3.0) before heads (0.01, 0.5).
     assert [(r["family"], r["rank"], r["promoted"]) for r in ranked] == [
         ("positional_encoding", 1, True), ("heads", 2, True), ("residual", 3, False)]
-    ranked = screening.rank_families(screen_params(tmp_path, {"max_p": 0.05}, "t.yaml"), "scr", tests)
+    ranked = promote.rank_families(screen_params(tmp_path, {"max_p": 0.05}, "t.yaml"), "scr", tests)
     assert [r["family"] for r in ranked if r["promoted"]] == ["positional_encoding", "heads"]
-    ranked = screening.rank_families(screen_params(tmp_path, {"max_p": 0.05, "top_k": 1}, "u.yaml"), "scr", tests)
+    ranked = promote.rank_families(screen_params(tmp_path, {"max_p": 0.05, "top_k": 1}, "u.yaml"), "scr", tests)
     assert [r["family"] for r in ranked if r["promoted"]] == ["positional_encoding"]
     nan = _tests(positional_encoding=(0.0, float("nan")), heads=(1.0, 0.5), residual=(2.0, 0.5))
-    ranked = screening.rank_families(screen_params(tmp_path, {"top_k": 1}, "v.yaml"), "scr", nan)
+    ranked = promote.rank_families(screen_params(tmp_path, {"top_k": 1}, "v.yaml"), "scr", nan)
     assert [r["family"] for r in ranked] == ["residual", "heads", "positional_encoding"]  # NaN p ranks last
 
 
@@ -290,8 +291,8 @@ def test_held_verdict_compares_stage_two_with_stage_one(tmp_path, monkeypatch):
         asked.update(task=task, cells=list(cells), metric=metric)
         return {c: {"delta": stage_two[c][0], "p_value": stage_two[c][1]} for c in cells}
 
-    monkeypatch.setattr(screening, "_tests", fake_tests)
-    rows = {r["family"]: r for r in screening.held(study, "scr", alpha=0.05)}
+    monkeypatch.setattr(promote, "_tests", fake_tests)
+    rows = {r["family"]: r for r in promote.held(study, "scr", alpha=0.05)}
     assert asked == {"task": "scr-s2", "cells": ["pe_none", "heads_1", "no_residual"], "metric": "bleu"}
     assert rows["positional_encoding"]["held"] is True and rows["positional_encoding"]["delta2"] == -2.5
     assert rows["heads"]["held"] is False
@@ -301,7 +302,7 @@ def test_held_verdict_compares_stage_two_with_stage_one(tmp_path, monkeypatch):
     stage_two["pe_none"] = (-0.1, 0.5)
     record["families"][2]["promoted"] = False
     path.write_text(json.dumps(record))
-    rows = {r["family"]: r for r in screening.held(study, "scr", alpha=0.05)}
+    rows = {r["family"]: r for r in promote.held(study, "scr", alpha=0.05)}
     assert rows["positional_encoding"]["held"] is False
     assert rows["residual"]["held"] is None and rows["residual"]["delta2"] is None
     assert asked["cells"] == ["pe_none", "heads_1"]

@@ -4,7 +4,9 @@ import ast
 import inspect
 from pathlib import Path
 
-from pipeline_src import train
+import pytest
+
+from pipeline_src import imports, train
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "pipeline_src"
@@ -12,32 +14,32 @@ MAX_FUNCTION_LINES = 80
 MAX_LOOP_LINES = 60
 
 
-def _modules() -> dict[str, Path]:
-    mods = {}
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        mods[name] = path
-    return mods
-
-
 def import_graph() -> dict[str, set[str]]:
     """module -> the pipeline_src modules it imports (any import statement, top level or inside a function)."""
-    mods = _modules()
-    graph = {m: set() for m in mods}
-    for name, path in mods.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
-                target = ".".join(base + ([node.module] if node.module else []))
-                candidates = [target] + [f"{target}.{alias.name}" for alias in node.names]
-            elif isinstance(node, ast.Import):
-                candidates = [alias.name for alias in node.names]
-            else:
-                continue
-            graph[name] |= {c for c in candidates if c in mods and c != name}
-    return graph
+    return {m: set(targets) for m, targets in imports.import_graph().items()}
+
+
+# The package in layers, lowest first: a module imports only from its own layer or lower ones, so
+# that a report stage never runs the trainer, nor a stage the code that writes the DAG.
+LAYERS = {
+    "foundation": {"common", "allocator", "machine", "imports", "config", "claims_config", "paths"},
+    "building blocks": {"data", "data.demo", "data.download", "data.filter", "data.tokens", "bpe", "model",
+                        "model.accounting", "model.attention", "model.checkpoint", "model.config", "model.copy",
+                        "model.decode", "model.layers", "model.positions", "model.static_decode",
+                        "model.transformer", "metrics", "batching", "compiling", "optim", "precision", "preemption",
+                        "live_log", "step_meter", "train_state", "train_outputs", "gpu_slots", "screening",
+                        "seed_plan"},
+    "training and evaluation stages": {"train", "tune", "evaluate"},
+    "report stages": {"report", "report.aggregate", "report.build", "report.claims", "report.figures",
+                      "report.plan", "report.promote", "report.stats", "report.tables", "report.views"},
+    "stage table, drivers and runtime": {"stages", "dvc_yaml", "estimate", "exp_show", "reference", "parts",
+                                         "parts_layout", "preload", "run_lock", "scheduler_timers", "slurm_guard",
+                                         "__main__"},
+}
+
+
+def _layer_of() -> dict[str, int]:
+    return {f"pipeline_src.{m}" if m else "pipeline_src": i for i, mods in enumerate(LAYERS.values()) for m in mods}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -76,6 +78,30 @@ def test_no_import_cycle_between_modules():
     graph = import_graph()
     assert "pipeline_src.train_state" in graph["pipeline_src.train"]  # the graph sees relative imports
     assert cycles(graph) == []
+
+
+def test_every_module_has_a_layer_and_no_import_runs_up_the_layers():
+    """Function-local imports count like top-level ones: they run as surely, only later."""
+    layer, names = _layer_of(), list(LAYERS)
+    graph = import_graph()
+    assert sorted(set(graph) - set(layer) - {"pipeline_src"}) == []  # a new module: give it its layer
+    upward = [f"{m} ({names[layer[m]]}) imports {t} ({names[layer[t]]})"
+              for m, targets in graph.items() if m in layer for t in sorted(targets) if layer[t] > layer[m]]
+    assert upward == []
+    mods = imports.modules()
+    local = [(m, t) for m, path in mods.items() for t, top in imports.imported(m, path, mods) if not top]
+    assert local, "the graph sees imports inside functions"
+    assert all((m, t) in {(a, b) for a, bs in graph.items() for b in bs} for m, t in local)
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path, monkeypatch):
+    """An evaluation stage that reads the stage table (the DAG's layer) is caught."""
+    graph = import_graph()
+    graph["pipeline_src.evaluate"] = graph["pipeline_src.evaluate"] | {"pipeline_src.stages"}
+    monkeypatch.setattr(imports, "import_graph", lambda: graph)
+    with pytest.raises(AssertionError, match="pipeline_src.evaluate .training and evaluation stages. imports "
+                                             "pipeline_src.stages"):
+        test_every_module_has_a_layer_and_no_import_runs_up_the_layers()
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -842,23 +842,33 @@ def test_residual_dtype_must_be_known():
         make(residual_dtype="bfloat16")
 
 
-def test_embed_init_normal_draws_unit_size_entries_and_xavier_stays_the_default():
-    """model.embed_init "normal": the table is N(0, d^-1/2), so scaled by sqrt(d) its entries have
-    unit size; the default stays Xavier-uniform, drawn as before (same seed, same model)."""
+def test_embed_init_normal_is_the_default_and_draws_unit_size_entries():
+    """model.embed_init "normal" (the default, as fairseq and tensor2tensor): the token table is
+    N(0, d^-1/2), so scaled by sqrt(d) its entries have unit size, and learned positions are drawn
+    N(0, d^-1/2) too; "xavier" draws both tables Xavier-uniform, as the committed studies did."""
     vocab, d = 4000, 64
     torch.manual_seed(0)
-    expected = nn.init.xavier_uniform_(torch.empty(vocab, d))
+    expected = nn.init.normal_(torch.empty(vocab, d), 0.0, d ** -0.5)
     default = make("decoder_only", vocab_size=vocab, d_model=d)
     assert torch.equal(default.tgt_embed.weight.detach(), expected)
-    normal = make("decoder_only", vocab_size=vocab, d_model=d, embed_init="normal")
-    scaled = normal.tgt_embed.weight.detach() * normal.tgt_embed.scale
+    scaled = default.tgt_embed.weight.detach() * default.tgt_embed.scale
     assert abs(scaled.std().item() - 1.0) < 0.02 and abs(scaled.mean().item()) < 0.01
-    xavier_scaled = default.tgt_embed.weight.detach() * default.tgt_embed.scale
-    assert xavier_scaled.std().item() < 0.2  # sqrt(2 / (V + d) * d): 0.18 here
+    torch.manual_seed(0)
+    expected = nn.init.xavier_uniform_(torch.empty(vocab, d))
+    xavier = make("decoder_only", vocab_size=vocab, d_model=d, embed_init="xavier")
+    assert torch.equal(xavier.tgt_embed.weight.detach(), expected)
+    assert (xavier.tgt_embed.weight.detach() * xavier.tgt_embed.scale).std().item() < 0.2  # sqrt(2/(V+d)*d): 0.18
     # Tied: the output projection is the same table; untied source tables are drawn alike.
-    assert normal.lm_head.weight is normal.tgt_embed.weight
-    untied = make("encoder_decoder", vocab_size=vocab, d_model=d, embed_init="normal", tie_embeddings=False)
+    assert default.lm_head.weight is default.tgt_embed.weight
+    untied = make("encoder_decoder", vocab_size=vocab, d_model=d, tie_embeddings=False)
     assert abs((untied.src_embed.weight.detach() * untied.src_embed.scale).std().item() - 1.0) < 0.02
+    # learned positions follow the same setting
+    learned = make("decoder_only", vocab_size=vocab, d_model=d, pos_encoding="learned", max_len=2000)
+    table = [m for m in learned.modules() if type(m).__name__ == "LearnedPositions"][0].weight.detach()
+    assert abs(table.std().item() - d ** -0.5) < 0.005
+    learned_x = make("decoder_only", vocab_size=vocab, d_model=d, pos_encoding="learned", max_len=2000, embed_init="xavier")
+    table_x = [m for m in learned_x.modules() if type(m).__name__ == "LearnedPositions"][0].weight.detach()
+    assert abs(table_x.std().item() - (2 / (2000 + d)) ** 0.5) < 0.003
 
 
 def test_embed_init_must_be_known():

@@ -113,6 +113,27 @@ def test_snakemake_reruns_only_the_edited_tokenizer_fork(repo):
     _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}"], repo)
 
 
+HELPER = "pipeline_src/report/claims.py"
+
+
+def _edit_helper(repo: Path) -> None:
+    path = repo / HELPER
+    path.write_text(path.read_text() + "\n# an edit that changes no behaviour, only the file\n")
+
+
+def test_snakemake_reruns_exactly_the_stages_that_import_an_edited_helper(repo):
+    """The code dependencies are read from the imports: report/claims.py is the claims stage's
+    module and a helper the report stage imports; editing it leaves every run and data stage
+    alone and reruns exactly those two stages."""
+    from pipeline_src.stages import CODE
+
+    assert {s for s, files in CODE.items() if HELPER in files} == {"claims", "plan", "report"}  # no plan here
+    assert "Nothing to be done" in _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}", "-n"], repo)
+    _edit_helper(repo)
+    assert _planned_jobs(repo, "cell") == {("claims", None), ("report", None)}
+    _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}"], repo)
+
+
 def test_dvc_reruns_exactly_the_edited_cell(repo):
     dvc_file = "workflow/studies/tiny/dvc.yaml"
     _run([BIN / "dvc", "init", "-q", "--force"], repo)
@@ -132,6 +153,18 @@ def test_dvc_reruns_only_the_edited_tokenizer_fork(repo):
     ran = set(re.findall(r"Running stage '[^:]+:([^']+)'", out))
     assert ran == {"bpe@reorder-default-word60", "train@reorder-tok_char-s0", "evaluate@reorder-tok_char-s0"} \
         | REPORT_STEPS, ran
+
+
+def test_dvc_finds_exactly_the_stages_that_import_an_edited_helper_stale(repo):
+    """The same edit under DVC (its hashes, after the Snakemake runs above were adopted)."""
+    dvc_file = "workflow/studies/tiny/dvc.yaml"
+    assert "up to date" in _run([BIN / "dvc", "status", dvc_file], repo)
+    _edit_helper(repo)
+    status = _run([BIN / "dvc", "status", dvc_file], repo)
+    stale = set(re.findall(rf"^{re.escape(dvc_file)}:([\w@-]+):", status, flags=re.M))
+    assert stale == {"claims", "report"}, status
+    ran = set(re.findall(r"Running stage '[^:]+:([^']+)'", _run([BIN / "dvc", "repro", dvc_file], repo)))
+    assert ran == {"claims", "report"}, ran
 
 
 def _files(folder: Path) -> dict[Path, int]:

@@ -39,7 +39,7 @@ import numpy as np
 
 from ..common import StageError, atomic_dir, atomic_write_json, progress, provenance
 from ..config import ConfigError
-from ..stages import output_path
+from ..paths import output_path
 from . import (SPLITS, dataset_fields, field_column, lm_word_count, log, num_proc_for, quiet_datasets, read_parquet,
                split_lines, write_parquet)
 

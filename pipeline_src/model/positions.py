@@ -39,12 +39,12 @@ class TokenEmbedding(nn.Module):
     The scale matters when the table is tied to the output projection. Even with it,
     Xavier-sized entries stay small for a large vocabulary: std sqrt(2 / (V + d)) * sqrt(d),
     about 0.16-0.22 for V = 10k, d = 128-256, against 0.71 for the sinusoids, so positions
-    outweigh tokens at the start. init "normal" draws N(0, d^-1/2) (fairseq), unit size
-    after the scale; a deeper post-LN language model trained with it where Xavier's
-    stayed at the unigram loss (bench/probe_embed_init.py).
+    outweigh tokens at the start. init "normal" (the default) draws N(0, d^-1/2), as fairseq
+    and tensor2tensor do with this scale: unit size after it; a deeper post-LN language
+    model trained with it where Xavier's stayed at the unigram loss (bench/probe_embed_init.py).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, init: str = "xavier"):
+    def __init__(self, vocab_size: int, d_model: int, init: str = "normal"):
         super().__init__()
         table = torch.empty(vocab_size, d_model)
         if init == "normal":
@@ -80,11 +80,18 @@ class SinusoidalPositions(nn.Module):
 
 
 class LearnedPositions(nn.Module):
-    """A trainable (max_len, d_model) table; the paper found it "nearly identical" (Table 3, E)."""
+    """A trainable (max_len, d_model) table; the paper found it "nearly identical" (Table 3, E).
+    Drawn like the token table (init "normal": N(0, d^-1/2), as fairseq's learned positions;
+    "xavier": uniform), and not scaled."""
 
-    def __init__(self, d_model: int, max_len: int):
+    def __init__(self, d_model: int, max_len: int, init: str = "normal"):
         super().__init__()
-        self.weight = nn.Parameter(nn.init.xavier_uniform_(torch.empty(max_len, d_model)))
+        table = torch.empty(max_len, d_model)
+        if init == "normal":
+            nn.init.normal_(table, 0.0, d_model ** -0.5)
+        else:
+            nn.init.xavier_uniform_(table)
+        self.weight = nn.Parameter(table)
 
     def forward(self, positions: Tensor) -> Tensor:  # (B, T) long -> (B, T, D)
         return F.embedding(positions, self.weight)
@@ -120,5 +127,5 @@ def additive_positions(cfg: ModelConfig) -> nn.Module | None:
     if cfg.pos_encoding == "sinusoidal":
         return SinusoidalPositions(cfg.d_model, cfg.max_len)
     if cfg.pos_encoding == "learned":
-        return LearnedPositions(cfg.d_model, cfg.max_len)
+        return LearnedPositions(cfg.d_model, cfg.max_len, cfg.embed_init)
     return None

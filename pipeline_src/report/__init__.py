@@ -13,7 +13,7 @@ import unicodedata
 from pathlib import Path
 
 from ..common import StageError
-from ..stages import output_path
+from ..paths import output_path
 
 # name -> (short display name, higher is better)
 METRICS: dict[str, tuple[str, bool]] = {
@@ -242,6 +242,12 @@ def is_missing(x) -> bool:
         return bool(isinstance(x, float) and math.isnan(x)) or (hasattr(x, "__float__") and math.isnan(float(x)))
     except (TypeError, ValueError):
         return False
+
+
+def time_unit(seconds) -> tuple[str, float]:
+    """("s" | "min" | "h", divisor) so that the longest wall time reads naturally."""
+    longest = max([float(x) for x in seconds if not is_missing(x)] or [0.0])
+    return ("s", 1.0) if longest < 600 else ("min", 60.0) if longest < 600 * 60 else ("h", 3600.0)
 
 
 def fmt_num(x, digits: int = 2) -> str:

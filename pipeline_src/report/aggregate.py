@@ -172,7 +172,7 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
 # --- significance.csv ----------------------------------------------------------------------------
 
 
-class _Outputs:
+class RunOutputs:
     """Per-run evaluation outputs, read once."""
 
     def __init__(self, study):
@@ -233,7 +233,7 @@ def _check_same(a, b, what: str):
         raise StageError(f"{what}: {len(a)} vs {len(b)} test examples; cannot pair them")
 
 
-def _ppl_arrays(out: _Outputs, task, cell, seed, denom: str, base_frame: pd.DataFrame | None = None):
+def _ppl_arrays(out: RunOutputs, task, cell, seed, denom: str, base_frame: pd.DataFrame | None = None):
     frame = out.per_example(task, cell, seed)
     if denom not in frame or frame[denom].isna().all():
         raise StageError(f"{out._dir(task, cell, seed) / 'per_example.tsv'}: column {denom} empty")
@@ -242,7 +242,7 @@ def _ppl_arrays(out: _Outputs, task, cell, seed, denom: str, base_frame: pd.Data
     return frame["nll"].to_numpy(np.float64), frame[denom].to_numpy(np.float64)
 
 
-def _test_one(out: _Outputs, task, kind: str, base: str, cell: str, seeds: list, metric: str, n: int,
+def paired_test(out: RunOutputs, task, kind: str, base: str, cell: str, seeds: list, metric: str, n: int,
               means: dict) -> dict:
     """One paired test of `cell` against `base` on `metric`, pooling the given seeds."""
     if metric == "bleu":
@@ -305,7 +305,7 @@ def _runs_test(results: pd.DataFrame, task: str, base: str, cell: str, metric: s
 
 
 def significance(study, results: pd.DataFrame) -> pd.DataFrame:
-    out = _Outputs(study)
+    out = RunOutputs(study)
     # Mean ROUGE per run from eval_metrics.json: lets scores.tsv in 0-1 units be recognised.
     means = {(r["task"], r["cell"], r["seed"], m): r[m] for r in results.to_dict("records")
              for m in ("rouge1", "rouge2", "rougeLsum") if m in r}
@@ -327,7 +327,7 @@ def significance(study, results: pd.DataFrame) -> pd.DataFrame:
                     continue  # per-token numbers of another tokenizer: no valid comparison
                 paired = sorted(set(run_seeds(study, task.name, cell)) & set(run_seeds(study, task.name, base)))
                 for s in paired:
-                    res = _test_one(out, task.name, task.kind, base, cell, [s], metric, n, task_means)
+                    res = paired_test(out, task.name, task.kind, base, cell, [s], metric, n, task_means)
                     rows.append({**ident, "seed": s, "n_runs": 1, "about": "these two trained models on this test set",
                                  **res})
                 rows.append({**ident, **_runs_test(results, task.name, base, cell, metric)})

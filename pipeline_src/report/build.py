@@ -22,7 +22,7 @@ import pandas as pd
 
 from ..common import StageError, atomic_write_text, git_commit, package_versions
 from ..seed_plan import run_seeds
-from ..stages import build_jobs
+from ..paths import dvc_yaml_path, stage_command
 from .aggregate import RUN_LEVEL
 from . import (display_name, fmt_num, higher_is_better, is_missing, latex_escape as esc, latex_tt, metric_digits,
                primary_metric, read_csv, read_json, report_paths, run_paths)
@@ -253,8 +253,6 @@ def _hardware(results: pd.DataFrame) -> str:
 def _dvc(study) -> tuple[str, list[dict]]:
     import yaml
 
-    from ..dvc_yaml import dvc_yaml_path
-
     lock = dvc_yaml_path(study).with_name("dvc.lock")
     if not lock.exists():
         return (rf"No {latex_tt(str(lock))} was found: the study was not run with DVC (Snakemake keeps no "
@@ -275,15 +273,12 @@ def _dvc(study) -> tuple[str, list[dict]]:
 
 
 def _commands(study) -> list[dict]:
-    from ..dvc_yaml import dvc_yaml_path
-
     params = study.path
     smk = "snakemake --cores all" + ("" if Path(params).as_posix() == "params.yaml" else f" --config params={params}")
     dvc = "dvc repro" + ("" if dvc_yaml_path(study).as_posix() == "dvc.yaml" else f" {dvc_yaml_path(study).as_posix()}")
     cmds = [{"what": "Snakemake", "cmd": latex_tt(smk)}, {"what": "DVC", "cmd": latex_tt(dvc)}]
-    for job in build_jobs(study):
-        if job.stage in ("aggregate", "figures", "tables", "claims", "report"):
-            cmds.append({"what": f"only the {job.stage} stage", "cmd": latex_tt(job.cmd)})
+    for stage in ("aggregate", "figures", "tables", "claims", "report"):
+        cmds.append({"what": f"only the {stage} stage", "cmd": latex_tt(stage_command(stage, study))})
     return cmds
 
 

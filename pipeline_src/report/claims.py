@@ -38,7 +38,7 @@ import pandas as pd
 
 from ..claims_config import BUDGET_FREE_METRICS
 from ..common import StageError, atomic_write_text
-from ..stages import output_path
+from ..paths import output_path
 from . import display_name, fmt_num, latex_escape as esc, metric_digits, read_csv, report_paths
 from . import stats
 from .stats import ALPHA, MIN_RUNS

@@ -26,7 +26,7 @@ import pandas as pd
 
 from ..common import StageError, atomic_dir
 from ..seed_plan import run_seeds
-from ..stages import data_paths
+from ..paths import data_paths
 from .aggregate import RUN_LEVEL
 from . import (ALPHA, data_size_cells, display_name, higher_is_better, mask_token_level, primary_metric, read_csv,
                report_paths, run_paths, safe_name)
@@ -353,7 +353,7 @@ def size_figure(study, summary: pd.DataFrame, colors, outdir: Path) -> dict:
 def cost_figure(study, summary: pd.DataFrame, colors, outdir: Path) -> dict:
     plt = _plt()
     tasks = list(study.tasks.values())
-    from .tables import time_unit
+    from . import time_unit
 
     unit, div = time_unit(summary["wall_s_mean"])
     heights = [len(t.cells) + 1.2 for t in tasks]
@@ -396,7 +396,7 @@ def load_model(ckpt_dir: Path):
     """(model, meta) of a trained checkpoint; CPU, eval mode."""
     if not ckpt_dir.is_dir():
         raise StageError(f"{ckpt_dir}: missing (run the train stage first)")
-    from ..train import load_trained_model
+    from ..model.checkpoint import load_trained_model
 
     try:
         return load_trained_model(ckpt_dir)

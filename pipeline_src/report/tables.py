@@ -28,9 +28,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..common import StageError, atomic_dir
-from ..stages import data_paths
+from ..paths import data_paths
 from .aggregate import RUN_LEVEL
-from . import (ALPHA, TABLE_METRICS, display_name, fmt_count, fmt_int, fmt_num, higher_is_better, is_missing,
+from . import (ALPHA, TABLE_METRICS, time_unit, display_name, fmt_count, fmt_int, fmt_num, higher_is_better, is_missing,
                latex_escape as esc, latex_tt, mask_token_level, metric_digits, other_tokenizer, primary_metric,
                read_csv, read_json, report_paths, safe_name)
 
@@ -536,7 +536,7 @@ def family_table(inp: Inputs, family: str) -> str:
 def screening_table(study, screen_name: str) -> str:
     """Two-stage screening: stage one's ranking and promotion, stage two's test of each promoted
     family on the full data, and whether the stage-one conclusion held."""
-    from ..screening import held
+    from .promote import held
 
     screen = study.screens[screen_name]
     rows = held(study, screen_name, ALPHA)
@@ -571,12 +571,6 @@ def screening_table(study, screen_name: str) -> str:
              f"(significant or not), in the same direction. Families not promoted are not tested at full scale."]
     return _table(body, "rlrrcrrc", f"Two-stage screening \\emph{{{esc(screen_name)}}}: did the stage-one "
                   f"conclusions hold on the full data?", f"tab:screening-{_label_id(screen_name)}", notes)
-
-
-def time_unit(seconds) -> tuple[str, float]:
-    """("s" | "min" | "h", divisor) so that the longest wall time reads naturally."""
-    longest = max([float(x) for x in seconds if not is_missing(x)] or [0.0])
-    return ("s", 1.0) if longest < 600 else ("min", 60.0) if longest < 600 * 60 else ("h", 3600.0)
 
 
 def cost_table(inp: Inputs) -> str:

@@ -142,7 +142,7 @@ def _curve(study, task: str, cell: str, column: str) -> pd.DataFrame:
 def _learning_curve(study, task, headline: dict) -> pd.DataFrame:
     import pandas as pd
 
-    from ..stages import data_paths
+    from ..paths import data_paths
     from . import read_json
 
     metric = headline_metric(task.kind)

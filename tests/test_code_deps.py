@@ -1,0 +1,76 @@
+"""A stage's code dependencies are the code it runs: the import closure of its entry module
+(pipeline_src/imports.py), listed for every job of every study, so that an edited module reruns
+exactly the stages that run it."""
+from pathlib import Path
+
+import pytest
+
+from pipeline_src import imports, stages
+from pipeline_src.config import load_study
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDY_FILES = sorted(p.relative_to(ROOT).as_posix() for p in
+                     [ROOT / "params.yaml", *ROOT.glob("workflow/studies/*/*.yaml")]
+                     if p.name not in ("parts.yaml", "trials.yaml", "dvc.yaml"))
+
+
+def unlisted_imports(listed: set[str]) -> list[str]:
+    """Package modules imported by a listed module (or the packages above one) that are not listed."""
+    mods = imports.modules()
+    by_file = {path.relative_to(ROOT).as_posix(): name for name, path in mods.items()}
+    missing = []
+    for f in sorted(listed):
+        if f not in by_file:
+            continue
+        for target in sorted(imports.closure(by_file[f])):
+            need = mods[target].relative_to(ROOT).as_posix()
+            if need not in listed:
+                missing.append(f"{f} runs {need}")
+    return missing
+
+
+def _code(deps) -> set[str]:
+    files = set()
+    for d in deps:
+        if d in stages.CODE_FOLDERS:
+            files |= stages.CODE_FOLDERS[d]
+        elif d.startswith("pipeline_src/"):
+            files.add(d)
+    return files
+
+
+@pytest.mark.parametrize("params", STUDY_FILES)
+def test_every_job_lists_the_code_it_runs_closed_under_imports(params, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    study = load_study(params)
+    checked = set()
+    for job in stages.build_jobs(study):
+        entry = imports.modules()[stages.ENTRIES[job.stage]].relative_to(ROOT).as_posix()
+        for view, deps in (("snakemake", job.deps), ("dvc", job.dvc_deps)):
+            code = _code(deps)
+            assert entry in code, (params, job.stage, view)
+            assert unlisted_imports(code) == [], (params, job.stage, job.key, view)
+        checked.add(job.stage)
+    assert {"download", "filter", "bpe", "train", "evaluate", "aggregate", "report"} <= checked
+
+
+def test_the_check_finds_an_unlisted_helper():
+    listed = set(stages.CODE["figures"]) - {"pipeline_src/report/views.py"}
+    assert unlisted_imports(listed) != [] and all(m.endswith("runs pipeline_src/report/views.py")
+                                                  for m in unlisted_imports(listed))
+
+
+def test_closures_stay_small():
+    """What reading the import graph bought: the report stages do not run the trainer or the
+    stage table, evaluation loads its model without the training loop, and data stages run
+    neither the model nor the report."""
+    code = stages.CODE
+    for stage in ("figures", "tables", "claims", "aggregate", "report", "evaluate"):
+        assert "pipeline_src/train.py" not in code[stage], stage
+        assert "pipeline_src/stages.py" not in code[stage] and "pipeline_src/dvc_yaml.py" not in code[stage], stage
+    for stage in ("download", "filter", "bpe"):
+        assert not [f for f in code[stage] if f.startswith(("pipeline_src/model/", "pipeline_src/report/"))], stage
+    # a model default (model/config.py) reruns what builds a model, not the data or the statistics
+    readers = {s for s, files in code.items() if "pipeline_src/model/config.py" in files}
+    assert readers == {"tune", "train", "evaluate", "figures"}, readers
+    assert "pipeline_src/report/templates/report.tex" in code["report"]
