@@ -21,6 +21,7 @@ import torch
 from . import allocator, machine, precision, train_state
 from .common import atomic_dir, atomic_write_json, atomic_write_text, cpu_name, provenance
 from .compiling import compiled_graphs
+from .convergence import CONVERGED_RULE, converged
 from .live_log import log_tsv
 
 
@@ -35,6 +36,8 @@ def write_outputs(run) -> None:
         "task": run.task, "cell": run.cell_name, "seed": run.seed, "kind": cell.kind, "family": cell.family,
         "label": cell.label, "leaks_future": cell.leaks_future, "stop_reason": state.get("stop_reason", "max_steps"),
         "eval_checkpoint": "averaged.pt" if state["averaged"] else "best.pt",
+        # the peak learning rate the run trained at (a tuned cell's: the one chosen on validation)
+        "lr": cell.train.lr, "converged": converged(state["log"]), "converged_rule": CONVERGED_RULE,
         "config": cell.to_dict(), "provenance": provenance(run.study, seed=run.seed)})
     atomic_write_json(run.out["cost"], cost_record(run))
     final_train = next((r["train_loss"] for r in reversed(state["log"]) if r.get("train_loss") != ""), float("nan"))

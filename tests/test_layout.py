@@ -27,7 +27,7 @@ LAYERS = {
                         "model.accounting", "model.attention", "model.checkpoint", "model.config", "model.copy",
                         "model.decode", "model.layers", "model.positions", "model.static_decode",
                         "model.transformer", "metrics", "batching", "compiling", "optim", "precision", "preemption",
-                        "live_log", "step_meter", "train_state", "train_outputs", "gpu_slots", "screening",
+                        "live_log", "step_meter", "train_state", "train_outputs", "convergence", "gpu_slots", "screening",
                         "seed_plan"},
     "training and evaluation stages": {"train", "tune", "evaluate"},
     "report stages": {"report", "report.aggregate", "report.build", "report.claims", "report.figures",

@@ -215,6 +215,19 @@ def _tiny_study(workdir, **train):
     return load_study("variant.yaml")  # same study name: reuses the prepared data
 
 
+def test_a_run_converged_when_its_last_evaluations_did_not_improve():
+    from pipeline_src.convergence import converged
+
+    def log(*vals):
+        return [{"step": 5 * i, "val_loss": v} for i, v in enumerate(vals)] + [{"step": 99, "val_loss": ""}]
+
+    assert converged(log(3.0, 2.0, 1.5, 1.6, 1.55))  # best, then two evaluations above it
+    assert not converged(log(3.0, 2.0, 1.6, 1.5))  # still improving at the end
+    assert not converged(log(3.0, 2.0, 1.5, 1.6, 1.4))  # improved at the last evaluation
+    assert not converged(log(3.0, 2.0))  # too few evaluations to say
+    assert converged(log(3.0, 2.0, 2.0, 2.0))  # a plateau: equal is not lower
+
+
 def test_early_stopping_stops_when_patience_runs_out(workdir, monkeypatch):
     monkeypatch.chdir(workdir)
     study = _tiny_study(workdir, patience=2, eval_every=5, max_steps=60)
@@ -225,6 +238,7 @@ def test_early_stopping_stops_when_patience_runs_out(workdir, monkeypatch):
     metrics = json.loads(_outputs(workdir)[0].read_text())
     info = json.loads(_outputs(workdir)[0].with_name("train_info.json").read_text())
     assert info["stop_reason"] == "early_stopping"
+    assert info["converged"] is True and info["lr"] == study.cell("reorder", "baseline").train.lr
     assert (metrics["steps"], metrics["best_step"], metrics["best_val_loss"]) == (20, 10, 0.5)
     best = torch.load(_outputs(workdir)[1] / "best.pt", weights_only=True)
     assert best["meta"]["step"] == 10

@@ -39,7 +39,7 @@ from . import (ALPHA, BOOTSTRAP_SEED, METRIC_ORDER, TESTED_METRICS, comparable, 
 
 ID_COLUMNS = ["task", "kind", "cell", "family", "label", "seed", "leaks_future", "failed", "failure"]
 TRAIN_COLUMNS = ["n_params", "flops_per_token", "steps", "train_tokens", "epochs_seen", "best_val_loss", "best_step",
-                 "final_val_loss", "final_train_loss", "unigram_val_loss", "stop_reason"]
+                 "final_val_loss", "final_train_loss", "unigram_val_loss", "stop_reason", "lr", "converged"]
 COST_COLUMNS = ["wall_s", "s_per_mtok", "tokens_per_s", "mfu", "peak_mem_mb", "device", "device_name", "precision",
                 "cpu_count"]
 # A run "failed to train" when its best validation loss is above this fraction of the loss of the
@@ -158,6 +158,8 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
         row = {c: group[c].iloc[0] for c in GROUP_COLUMNS}
         row["n_seeds"] = int(group["seed"].nunique())
         row["n_failed"] = int(group["failed"].astype(bool).sum()) if "failed" in group else 0
+        # runs whose validation still improved at the end (train_info.json "converged"; unknown: not counted)
+        row["n_unconverged"] = int(sum(str(v).lower() == "false" for v in group["converged"])) if "converged" in group else 0
         for c in numeric:
             values = pd.to_numeric(group[c], errors="coerce")
             row[f"{c}_mean"] = values.mean() if values.notna().any() else np.nan

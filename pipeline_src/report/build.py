@@ -147,6 +147,19 @@ def _seeds_text(study) -> str:
             "Section~\\ref{sec:method})")
 
 
+def _convergence_text(results: pd.DataFrame) -> str:
+    """The convergence rule, and how many runs it flags."""
+    from ..convergence import CONVERGED_RULE
+
+    flags = [str(v).lower() for v in results["converged"]] if "converged" in results else []
+    n_not, n_known = flags.count("false"), sum(f in ("true", "false") for f in flags)
+    counted = (f"{n_not} of {n_known} run{'s' if n_known != 1 else ''} of this study had not converged"
+               if n_known else "no run of this study recorded whether it converged")
+    return (f"A run converged when {esc(CONVERGED_RULE.split(': ', 1)[1])}; a run that had not (its validation "
+            f"was still improving when it ended) is marked in every table, and what it shows holds at this "
+            f"training budget ({counted}).")
+
+
 def _method_text(study, results: pd.DataFrame) -> str:
     """How the report's verdicts and marks are made, in words (report/stats.py is the code)."""
     from .stats import MIN_RUNS
@@ -178,6 +191,7 @@ def _method_text(study, results: pd.DataFrame) -> str:
         "figure, and no verdict rests on them unless the claim predicts the failure"
         + (f" ({n_failed} run{'s' if n_failed != 1 else ''} of this study)." if n_failed else "."),
     ]
+    text.append(_convergence_text(results))
     if study.adaptive_seeds:
         text.append(
             f"Adaptive seeds: every cell ran {len(study.first_seeds)} seeds; the plan stage then judged the claims on "

@@ -45,6 +45,9 @@ SIG_NOTE = (r"\dag\ $q<0.05$, \ddag\ $q<0.01$: the cell differs from the task's 
 FAILED_MARK = r"\textsuperscript{$\times$}"
 FAILED_NOTE = (r"$\times$ failed to train in some runs (validation loss near the unigram level of the training "
                r"data, non-finite, or diverged): its numbers describe a broken run, not the ablation.")
+UNCONVERGED_MARK = r"\textsuperscript{$\circ$}"
+UNCONVERGED_NOTE = (r"$\circ$ not converged in some runs: validation was still improving when the run ended, so its "
+                    r"numbers, and any comparison with it, hold at this training budget.")
 
 
 def _arrow(metric: str) -> str:
@@ -149,8 +152,14 @@ class Inputs:
         return float(s["q_value"].iloc[0]) if len(s) and not is_missing(s["q_value"].iloc[0]) else None
 
     def failed(self, task, cell) -> bool:
+        return self._count(task, cell, "n_failed") > 0
+
+    def unconverged(self, task, cell) -> bool:
+        return self._count(task, cell, "n_unconverged") > 0
+
+    def _count(self, task, cell, column: str) -> float:
         r = self.summary[(self.summary["task"] == task) & (self.summary["cell"] == cell)]
-        return bool(len(r)) and "n_failed" in r and float(r["n_failed"].iloc[0] or 0) > 0
+        return float(r[column].iloc[0] or 0) if len(r) and column in r and not is_missing(r[column].iloc[0]) else 0.0
 
 
 def _best(rows: pd.DataFrame, metric: str):
@@ -373,12 +382,14 @@ def results_table(inp: Inputs, task) -> str:
     best = {m: _best(rows, m) for m in mets}
     head = ["Cell", "Params"] + [f"{esc(display_name(m))} {_arrow(m)}" for m in mets]
     body = [" & ".join(head) + r" \\", r"\midrule"]
-    any_leak = any_sig = any_failed = False
+    any_leak = any_sig = any_failed = any_unconverged = False
     for cell, r in rows.iterrows():
-        leaks, failed = _truthy(r["leaks_future"]), inp.failed(task.name, cell)
+        leaks, failed, unconverged = _truthy(r["leaks_future"]), inp.failed(task.name, cell), inp.unconverged(task.name, cell)
         any_leak |= leaks
         any_failed |= failed
-        label = esc(r["label"]) + (LEAK_MARK if leaks else "") + (FAILED_MARK if failed else "")
+        any_unconverged |= unconverged
+        label = (esc(r["label"]) + (LEAK_MARK if leaks else "") + (FAILED_MARK if failed else "")
+                 + (UNCONVERGED_MARK if unconverged else ""))
         if cell == task.baseline_cell:
             label = rf"\textit{{{label}}} (base)"
         cols = [label, fmt_count(r.get("n_params_mean"))]
@@ -409,6 +420,8 @@ def results_table(inp: Inputs, task) -> str:
         notes.append(LEAK_NOTE)
     if any_failed:
         notes.append(FAILED_NOTE)
+    if any_unconverged:
+        notes.append(UNCONVERGED_NOTE)
     kind = {"translation": "translation", "summarization": "summarisation", "lm": "language modelling"}[task.kind]
     return _table(body, "l" + "r" * (len(mets) + 1),
                   f"Results on {esc(task.name)} ({kind}, dataset {esc(task.dataset)}): every cell of the task.",
@@ -475,7 +488,7 @@ def family_table(inp: Inputs, family: str) -> str:
     head = ["", *[HP_SHORT.get(k, esc(k)) for k in keys], "Params", "Score", r"$\Delta$", "Test PPL", r"$\Delta$"]
     body = [" & ".join(head) + r" \\"]
     ppl_heads: list[str] = []
-    any_leak = any_sig = any_failed = False
+    any_leak = any_sig = any_failed = any_unconverged = False
     for task, cells in groups:
         rows = inp.rows(task)
         score = inp.headline(task)
@@ -493,11 +506,13 @@ def family_table(inp: Inputs, family: str) -> str:
         for c in shown:
             cfg = study.cell(task.name, c)
             r = rows.loc[c]
-            leaks, failed = _truthy(r["leaks_future"]), inp.failed(task.name, c)
+            leaks, failed, unconverged = _truthy(r["leaks_future"]), inp.failed(task.name, c), inp.unconverged(task.name, c)
             any_leak |= leaks
             any_failed |= failed
+            any_unconverged |= unconverged
             is_base = c == task.baseline_cell
-            label = ("base" if is_base else esc(cfg.label)) + (LEAK_MARK if leaks else "") + (FAILED_MARK if failed else "")
+            label = (("base" if is_base else esc(cfg.label)) + (LEAK_MARK if leaks else "") + (FAILED_MARK if failed else "")
+                     + (UNCONVERGED_MARK if unconverged else ""))
             hp = []
             for k in keys:
                 v, bv = _value(cfg, k, study), _value(base_cfg, k, study)
@@ -528,6 +543,8 @@ def family_table(inp: Inputs, family: str) -> str:
         notes.append(LEAK_NOTE)
     if any_failed:
         notes.append(FAILED_NOTE)
+    if any_unconverged:
+        notes.append(UNCONVERGED_NOTE)
     title = family.replace("_", " ")
     return _table(body, "l" + "c" * len(keys) + "rrrrr", f"Ablation family \\emph{{{esc(title)}}}.",
                   f"tab:ablation-{_label_id(family)}", notes)
