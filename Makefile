@@ -59,7 +59,7 @@ cpu-study: install
 cnndm-study: install
 	bash workflow/studies/cnndm/run.sh
 
-# The GPU study in parts for short GPU job slots (README "On a GPU node without internet"): its parts
+# The GPU study in parts for short GPU job slots (docs/gpu-nodes.md): its parts
 # and predicted minutes; then, from the archives its parts brought back (ARCHIVES: a folder or files),
 # its report on this machine, and with REFERENCE=reports/reference/h100 the reference copy too.
 gpu-plan: install
@@ -73,7 +73,7 @@ gpu-report: install
 full: install
 	snakemake --cores 8 --resources gpu=1
 
-# A study on a SLURM cluster, from a login node (workflow/profiles/slurm; README "Running on a SLURM cluster").
+# A study on a SLURM cluster, from a login node (workflow/profiles/slurm; docs/slurm.md).
 PARAMS ?= params.yaml
 slurm: install
 	@python -c "import snakemake_executor_plugin_slurm" 2>/dev/null || { echo "error: snakemake-executor-plugin-slurm is not installed in $(VENV) (it is in requirements.lock: make install)"; exit 1; }
@@ -100,7 +100,7 @@ test: install
 test-avx2: install
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(MAKE) test
 
-# What a GPU node without internet needs, packed for it (README "On a GPU node without internet").
+# What a GPU node without internet needs, packed for it (docs/gpu-nodes.md).
 bundle: install
 	bash bench/node/bundle.sh
 

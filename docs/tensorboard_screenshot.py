@@ -1,4 +1,4 @@
-"""Screenshot of TensorBoard showing a study's runs, for the README (docs/tensorboard_demo.png).
+"""Screenshot of TensorBoard showing a study's runs, for docs/running-a-study.md (docs/tensorboard_demo.png).
 
     tensorboard --logdir data/demo/runs --port 6006 &
     python docs/tensorboard_screenshot.py "http://localhost:6006/?darkMode=false&runFilter=reorder/.*seed0&tagFilter=loss#timeseries" docs/tensorboard_demo.png

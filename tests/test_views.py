@@ -154,7 +154,7 @@ def test_dvc_exp_run_set_param_reruns_the_cell_and_shows_it(repo):
                 "-S", f"{PARAMS}:++cells.pe_none.model.dropout=0.2"], repo)
     ran = set(re.findall(r"Running stage '[^:]+:([^']+)'", out))
     assert ran == {f"{s}@reorder-pe_none-s{k}" for s in ("train", "evaluate") for k in (0, 1)} | REPORT_STEPS, ran
-    # The README's command: each cell's headline metric and the cell settings that differ.
+    # docs/dvc.md's `make exp-show` command: each cell's headline metric and the cell settings that differ.
     rows, columns = _compact_view(repo)
     metric = "reports/tiny/metrics/reorder/pe_none.json:bleu"
     assert set(columns) == set(ROW_COLUMNS) | set(HEADLINES) | {"cells.pe_none.model.dropout"}, columns

@@ -6,7 +6,7 @@
 #   - `dvc repro` runs nothing,
 #   - rebuilding the report's numbers from the pulled results gives the same files.
 # The remote is a scratch directory here (`dvc remote modify --local`, so .dvc/config keeps the
-# project's default); S3 or SSH remotes work the same way (README, "Sharing a study").
+# project's default); S3 or SSH remotes work the same way (docs/dvc.md, "Sharing a study").
 set -euo pipefail
 WORK=${CLUSTER_WORK:-/tmp/pipeline-cluster-check}
 PARAMS=workflow/studies/tiny/params.yaml

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The reference GPU study in one command, from the repository root of a checkout with CUDA torch,
 # on a machine without a job time limit (in short job slots, or on a node without network, run it
-# in parts instead: `bash bundle/node.sh parts workflow/studies/gpu/params.yaml ARCHIVES`, README
-# "On a GPU node without internet"):
+# in parts instead: `bash bundle/node.sh parts workflow/studies/gpu/params.yaml ARCHIVES`,
+# docs/gpu-nodes.md):
 #
 #   bash workflow/studies/gpu/run.sh            # from scratch: download -> PDF, timed
 #   bash workflow/studies/gpu/run.sh --resume   # keep data/gpu (what is done stays done; not a timing)
@@ -13,8 +13,7 @@
 # command, wall time and GPU-seconds, stage times, versions, and dvc.lock (hashes of every output,
 # recorded by `dvc commit` after the timed run). Needs the offline mirror in ../shared/datasets
 # (or PIPELINE_DATA_MIRROR) and a CUDA device. On a GPU node without internet, run it from a
-# bundle: `bash bundle/node.sh study workflow/studies/gpu/params.yaml` (README, "On a GPU node
-# without internet"). Without latexmk it stops before the PDF (snakemake --omit-from report) and
+# bundle: `bash bundle/node.sh study workflow/studies/gpu/params.yaml` (docs/gpu-nodes.md). Without latexmk it stops before the PDF (snakemake --omit-from report) and
 # says how to build the PDF elsewhere from the products. STUDY_PARAMS and REQUIRE_CUDA=0 run this
 # script on a CPU with a small study (e.g. workflow/studies/mirror/params.yaml).
 set -euo pipefail
