@@ -55,14 +55,17 @@ def job_compute(study: Study, task: str, cell_name: str) -> tuple[float, float]:
     return tokens, 3 * fpt * tokens
 
 
-def measured_throughput(files=None) -> tuple[float, str] | None:
-    """(achieved training FLOP/s, a description of where it was measured) or None."""
+def measured_throughput(files=None, device: str = "cuda") -> tuple[float, str] | None:
+    """(achieved training FLOP/s, a description of where it was measured) or None, from the first
+    record measured on `device` ("cuda" or "cpu"): a GPU's estimate never rests on a CPU's record."""
     for path in BENCH_FILES if files is None else files:
         if not path.exists():
             continue
         record = json.loads(path.read_text())
         # a bench_real_cell report (its "cost", possibly under "results") or a bare cost.json
         cost = record.get("cost") or record.get("results", {}).get("cost") or record
+        if cost.get("device", "cuda") != device:
+            continue
         where = f"{cost.get('device_name', cost.get('device'))}, {_shown(path)}"
         if cost.get("mfu") and cost.get("peak_flops"):
             return cost["mfu"] * cost["peak_flops"], where
@@ -119,7 +122,7 @@ def summary(study: Study) -> str:
 
 
 def cpu_line(total_flops: float, runs: int, cores: int | None = None) -> str:
-    measured = measured_throughput(CPU_BENCH_FILES)
+    measured = measured_throughput(CPU_BENCH_FILES, device="cpu")
     if not measured:
         return "  (no CPU real-cell benchmark yet: bench/bench_real_cell.py --name real_cell_cpu measures it)"
     rate, where = measured

@@ -190,6 +190,10 @@ def test_validate_prints_the_study_compute_estimate(tmp_path, monkeypatch):
     # bench_real_cell.py's own report keeps the cost at the top level
     record.write_text('{"benchmark": "real_cell", "cost": {"mfu": 0.25, "peak_flops": 4e12, "device_name": "Y"}}')
     assert estimate.measured_throughput() == (1e12, "Y, real_cell.json")
+    # a CPU's record (bench_real_cell.py run on a CPU) is never a GPU's estimate
+    record.write_text('{"cost": {"device": "cpu", "achieved_flops": 5e9, "device_name": "AMD EPYC"}}')
+    assert estimate.measured_throughput() is None
+    assert estimate.measured_throughput([record], device="cpu") == (5e9, "AMD EPYC, real_cell.json")
     monkeypatch.setattr(estimate, "BENCH_FILES", ())
     assert "no real-cell benchmark yet" in estimate.summary(study)
     proc = subprocess.run([sys.executable, "-m", "pipeline_src", "validate", "--params", str(FIXTURES / "valid_tiny.yaml")],
