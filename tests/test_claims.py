@@ -45,13 +45,41 @@ def test_paired_t_is_the_textbook_one_sample_t_on_the_differences():
     assert S.paired_t([0.5, 0.5, 0.5])["p"] == 0.0 and S.paired_t([0.0, 0.0, 0.0])["p"] == 1.0
 
 
+def _eq(deltas, margin):
+    d = np.asarray(deltas, dtype=float)
+    return S.equivalence(d + 10.0, np.full(len(d), 10.0), margin)  # paired runs whose differences are d
+
+
 def test_equivalence_tests_inside_and_outside_the_margin():
-    inside = S.equivalence([0.1, -0.1, 0.05, 0.0, -0.05], margin=1.0)
-    assert inside["p_inside"] < 0.001 and inside["p_outside"] == pytest.approx(1.0)
-    outside = S.equivalence([3.1, 2.9, 3.0, 3.2], margin=1.0)
-    assert outside["p_outside"] < 0.01 and outside["p_inside"] > 0.5
-    straddle = S.equivalence([1.5, -0.4, 0.9], margin=1.0)
+    inside = _eq([0.1, -0.1, 0.05, 0.0, -0.05], margin=1.0)
+    assert inside["p_inside"] < 0.001 and inside["p_outside"] == pytest.approx(1.0) and inside["side"] == "inside"
+    outside = _eq([3.1, 2.9, 3.0, 3.2], margin=1.0)
+    assert outside["p_outside"] < 0.01 and outside["p_inside"] > 0.5 and outside["side"] == "outside"
+    straddle = _eq([1.5, -0.4, 0.9], margin=1.0)
     assert straddle["p_inside"] > 0.05 and straddle["p_outside"] > 0.05
+
+
+def test_tost_needs_both_one_sided_tests_and_each_verdict_gets_half_the_level():
+    from statsmodels.stats.weightstats import ttost_paired
+
+    c, v = np.array([10.6, 11.4, 10.2, 11.0]), np.full(4, 10.0)  # d: mean 0.8, near the margin 1
+    d = c - v
+    above_low = sps.ttest_1samp(d, -1.0, alternative="greater").pvalue
+    below_high = sps.ttest_1samp(d, 1.0, alternative="less").pvalue
+    assert above_low < 0.01 < 0.2 < below_high  # the smaller one-sided p would call it equivalent
+    eq = S.equivalence(c, v, 1.0)
+    assert eq["p_inside"] == pytest.approx(below_high) == pytest.approx(ttost_paired(c, v, -1.0, 1.0)[0])
+    assert C.judge_alone("equal", c, v, margin=1.0, runs_needed=False)["verdict"] == "inconclusive"
+    # TOST p 0.037: equivalent at alpha, but a comparison that may also end "different" tests
+    # each verdict at alpha / 2, so p = 0.074 and no verdict.
+    d = np.array([0.3, -0.5, 0.9, 0.2])
+    eq = _eq(d, 1.0)
+    assert eq["p_inside"] == pytest.approx(0.0368, abs=1e-4) and eq["p"] == pytest.approx(2 * eq["p_inside"])
+    judged = C.judge_alone("equal", d, np.zeros(4), margin=1.0, runs_needed=False)
+    assert judged["verdict"] == "inconclusive" and judged["p_adjusted"] == pytest.approx(0.0737, abs=1e-4)
+    # The same rule as an interval: equivalent exactly when the 95 % interval lies inside +-margin.
+    t = S.paired_t(d)
+    assert t["ci_hi"] > 1.0 and (_eq(d, t["ci_hi"] + 1e-6)["p"] < 0.05) and (_eq(d, t["ci_hi"] - 1e-6)["p"] > 0.05)
 
 
 def test_holm_and_benjamini_hochberg_match_their_definitions():
@@ -80,8 +108,8 @@ def test_runs_needed_grows_as_the_effect_shrinks_and_reaches_80_percent_power():
         return sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc)
     n = int(n_small)
     assert power(n, 0.3) >= 0.8 > power(n - 1, 0.3)
-    eq = S.runs_needed_equivalence(0.1, 1.0, 1.0, 0.05)
-    assert S.tost_power(int(eq), 0.1, 1.0, 1.0, 0.05) >= 0.8 > S.tost_power(int(eq) - 1, 0.1, 1.0, 1.0, 0.05)
+    eq = S.runs_needed_equivalence(0.1, 1.0, 1.0, 0.05)  # the comparison at 0.05: TOST at 0.025
+    assert S.tost_power(int(eq), 0.1, 1.0, 1.0, 0.025) >= 0.8 > S.tost_power(int(eq) - 1, 0.1, 1.0, 1.0, 0.025)
     assert math.isinf(S.runs_needed_equivalence(1.2, 1.0, 1.0, 0.05))
 
 

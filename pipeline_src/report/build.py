@@ -164,7 +164,9 @@ def _method_text(study, results: pd.DataFrame) -> str:
         "the normality of two numbers.",
         "Claims: Holm's step-down correction over all of the study's claim comparisons controls the chance of "
         "any wrong verdict at 5\\,\\% whatever the dependence between comparisons (they share baselines); a "
-        "claim of equality within a margin is tested by two one-sided tests (TOST). For an unsettled comparison "
+        "claim of equality within a margin is tested by two one-sided tests (TOST) against the one-sided test of a "
+        "difference beyond the margin, each of the two possible verdicts at half the error rate (equivalent when the "
+        "95\\,\\% interval lies inside the margin, different when it lies beyond it). For an unsettled comparison "
         "the report gives the runs per cell a paired $t$-test would need for 80\\,\\% power at the observed "
         "mean and standard deviation of the differences, at Holm's strictest level.",
         "Table marks: Benjamini--Hochberg over every cell-against-baseline test of the study (a false discovery "

@@ -9,7 +9,8 @@ reports/<study>/references.csv  one row per published number (params `references
 A comparison "cell against versus on metric" (effect = cell minus versus) is judged on training
 runs: run s of the cell against run s of versus, one number each (results.csv: the run's corpus
 BLEU, test perplexity, ROUGE, wall time ...), the per-seed differences tested with a paired
-t-test (directional claims) or two one-sided tests (claims of equality within a margin), and
+t-test (directional claims) or two one-sided tests (claims of equality within a margin, against
+the one-sided test of a difference beyond it, each at half the level), and
 the p-values corrected with Holm's method over all the study's claim comparisons (and for
 adaptive seeds, Bonferroni over the two looks); report/stats.py says why each choice.
 
@@ -134,11 +135,11 @@ def _evidence(expect: str, c: np.ndarray, v: np.ndarray, margin) -> dict:
           "ci_hi": t["ci_hi"], "p_value": t["p"], "per_seed": d,
           "test": f"paired t over {len(d)} runs (df {len(d) - 1}), two-sided"}
     if expect == "equal":
-        eq = stats.equivalence(d, margin)
-        ev["p_inside"], ev["p_outside"] = eq["p_inside"], eq["p_outside"]
-        ev["p_value"] = min(eq["p_inside"], eq["p_outside"])
+        eq = stats.equivalence(c, v, margin)
+        ev["p_inside"], ev["p_outside"], ev["side"] = eq["p_inside"], eq["p_outside"], eq["side"]
+        ev["p_value"] = eq["p"]
         ev["test"] = (f"two one-sided paired t-tests (TOST) over {len(d)} runs for |delta| < {margin:.3g}, "
-                      f"and the test of |delta| > {margin:.3g}")
+                      f"and the one-sided test of |delta| > {margin:.3g}, each at alpha/2 (p: twice the smaller)")
     return ev
 
 
@@ -152,7 +153,7 @@ def _decide(expect: str, ev: dict, p_adj: float, margin, alpha_runs: float | Non
     """(verdict, reason, runs needed) of a tested comparison; alpha_runs None: runs needed not computed."""
     if expect == "equal":
         if p_adj < ALPHA:
-            inside = ev["p_inside"] <= ev["p_outside"]
+            inside = ev["side"] == "inside"
             return (("supported", f"equivalent within +-{margin:.3g} (adjusted p {p_adj:.2g})", np.nan) if inside else
                     ("contradicted", f"different by more than {margin:.3g} (adjusted p {p_adj:.2g})", np.nan))
         need = np.nan if alpha_runs is None else stats.runs_needed_equivalence(ev["delta"], ev["sd"], margin, alpha_runs)

@@ -13,8 +13,15 @@ Tests (scipy.stats / statsmodels, nothing hand-written):
 
 * directional ("higher" / "lower"): paired t-test of mean(d) = 0, two-sided, with its
   Student-t interval;
-* equivalence ("equal within +-m"): two one-sided t-tests (TOST) for "inside +-m", and the
-  one-sided test of "outside +-m" (the smaller of the two sides, doubled) for the opposite;
+* equivalence ("equal within +-m"): two verdicts are possible, so each is tested at alpha / 2
+  and the comparison's p-value is twice the smaller of
+    - the TOST p of "inside +-m" (statsmodels' ttost_paired: both one-sided tests, mean > -m and
+      mean < +m, must reject, so its p is the larger of the two), and
+    - the one-sided p of "beyond +-m" (mean > +m or mean < -m, whichever side the data are on).
+  In interval terms: "equivalent" when the (1 - alpha) Student-t interval lies inside +-m,
+  "different" when it lies entirely beyond +m or -m. At a true difference of exactly +-m both
+  verdicts are wrong, and together they happen at most alpha of the time; testing each at alpha
+  (the usual TOST level) would allow up to 1.5 alpha there;
 * multiplicity: Holm's step-down over the claim comparisons of a study (family-wise error,
   valid under any dependence between comparisons, which share baselines), Benjamini-Hochberg
   over the marks of the tables (false discovery rate: many exploratory marks, a few wrong ones
@@ -69,23 +76,29 @@ def paired_t(deltas, confidence: float = 0.95) -> dict:
     return out
 
 
-def equivalence(deltas, margin: float) -> dict:
-    """TOST for |mean(d)| < margin ("p_inside") and the test of |mean(d)| > margin ("p_outside":
-    the more extreme one-sided test beyond +-margin, doubled)."""
+def equivalence(cell, versus, margin: float) -> dict:
+    """"Equal within +-margin" on paired runs (cell[i], versus[i]: the same seed), see the module
+    doc: p_inside, the TOST p of |mean(d)| < margin (statsmodels' ttost_paired, the larger of
+    its two one-sided p-values); p_outside, the one-sided p of |mean(d)| > margin on the side
+    the data are on, doubled; p, the comparison's p-value (each verdict at alpha / 2): twice the
+    smaller of p_inside and the undoubled p_outside, capped at 1; side, the verdict p is about
+    ("inside" or "outside")."""
     from scipy import stats
+    from statsmodels.stats.weightstats import ttost_paired
 
-    d = np.asarray(deltas, dtype=np.float64)
+    c, v = np.asarray(cell, dtype=np.float64), np.asarray(versus, dtype=np.float64)
+    d = c - v
     if len(d) < 2:
-        return {"p_inside": float("nan"), "p_outside": float("nan")}
-    if float(d.std(ddof=1)) == 0.0:
-        inside = abs(float(d.mean())) < margin
-        return {"p_inside": 0.0 if inside else 1.0, "p_outside": 1.0 if inside or abs(d.mean()) == margin else 0.0}
-    above_low = stats.ttest_1samp(d, -margin, alternative="greater").pvalue   # mean > -m
-    below_high = stats.ttest_1samp(d, margin, alternative="less").pvalue      # mean < +m
-    beyond_high = stats.ttest_1samp(d, margin, alternative="greater").pvalue  # mean > +m
-    beyond_low = stats.ttest_1samp(d, -margin, alternative="less").pvalue     # mean < -m
-    return {"p_inside": float(max(above_low, below_high)),
-            "p_outside": float(min(1.0, 2 * min(beyond_high, beyond_low)))}
+        return {"p_inside": float("nan"), "p_outside": float("nan"), "p": float("nan"), "side": ""}
+    if float(d.std(ddof=1)) == 0.0:  # no spread: the mean is known exactly
+        mean = abs(float(d.mean()))
+        p_in, p_beyond = (0.0, 1.0) if mean < margin else (1.0, 1.0) if mean == margin else (1.0, 0.0)
+    else:
+        p_in = float(ttost_paired(c, v, -margin, margin)[0])
+        p_beyond = float(min(stats.ttest_1samp(d, margin, alternative="greater").pvalue,   # mean > +m
+                             stats.ttest_1samp(d, -margin, alternative="less").pvalue))  # mean < -m
+    return {"p_inside": p_in, "p_outside": min(1.0, 2 * p_beyond), "p": min(1.0, 2 * min(p_in, p_beyond)),
+            "side": "inside" if p_in <= p_beyond else "outside"}
 
 
 def holm(pvalues) -> np.ndarray:
@@ -138,23 +151,25 @@ def runs_needed(mean: float, sd: float, alpha: float, power: float = POWER) -> f
     return float(max(MIN_RUNS, math.ceil(n)))
 
 
-def tost_power(n: int, mean: float, sd: float, margin: float, alpha: float) -> float:
-    """Power of TOST at `alpha` with n paired runs, true mean difference `mean`, sd `sd`."""
+def tost_power(n, mean: float, sd: float, margin: float, alpha: float):
+    """Power of TOST at `alpha` (each one-sided test at alpha) with n paired runs (a number or an
+    array), true mean difference `mean`, sd `sd`."""
     from scipy import stats
 
-    if n < 2:
-        return 0.0
-    df, se = n - 1, sd / math.sqrt(n)
+    n = np.asarray(n, dtype=np.float64)
+    df, se = np.maximum(n - 1, 1), sd / np.sqrt(np.maximum(n, 1))
     crit = stats.t.ppf(1 - alpha, df)
     # Both one-sided tests must reject; the usual approximation adds the two rejection
     # probabilities of the non-central t and subtracts one.
     p1 = stats.nct.sf(crit, df, (margin + mean) / se)
     p2 = stats.nct.sf(crit, df, (margin - mean) / se)
-    return float(max(0.0, p1 + p2 - 1))
+    out = np.where(n < 2, 0.0, np.maximum(0.0, p1 + p2 - 1))
+    return float(out) if out.ndim == 0 else out
 
 
 def runs_needed_equivalence(mean: float, sd: float, margin: float, alpha: float, power: float = POWER) -> float:
-    """Paired runs for TOST to show |difference| < margin with `power`, at the observed mean and
+    """Paired runs for an "equal within +-margin" comparison's p-value (equivalence(): twice the
+    TOST p) to fall below `alpha` with `power`, i.e. TOST at alpha / 2, at the observed mean and
     sd. inf when the observed mean is at or beyond the margin."""
     if not (_finite(mean) and _finite(sd)):
         return float("nan")
@@ -162,10 +177,9 @@ def runs_needed_equivalence(mean: float, sd: float, margin: float, alpha: float,
         return math.inf
     if sd == 0.0:
         return float(MIN_RUNS)
-    for n in range(MIN_RUNS, MAX_RUNS_REPORTED + 1):
-        if tost_power(n, mean, sd, margin, alpha) >= power:
-            return float(n)
-    return math.inf
+    n = np.arange(MIN_RUNS, MAX_RUNS_REPORTED + 1)
+    reached = np.flatnonzero(tost_power(n, mean, sd, margin, alpha / 2) >= power)
+    return float(n[reached[0]]) if len(reached) else math.inf
 
 
 def fmt_runs(n: float) -> str:
