@@ -94,6 +94,8 @@ def test_holm_and_benjamini_hochberg_match_their_definitions():
     rng = np.random.default_rng(0)
     many = rng.uniform(0, 0.2, 40) ** 2
     assert S.holm(many) == pytest.approx(multipletests(many, method="holm")[1])
+    assert S.holm([0.3]) == pytest.approx([0.3]) and math.isnan(S.holm([float("nan"), 0.2])[0])
+    assert S.holm([float("nan"), 0.2, 0.01])[1:] == pytest.approx([0.2, 0.02])  # NaN is not a test
     assert S.benjamini_hochberg(many) == pytest.approx(multipletests(many, method="fdr_bh")[1])
 
 
