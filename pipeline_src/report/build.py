@@ -170,7 +170,9 @@ def _method_text(study, results: pd.DataFrame) -> str:
         "the report gives the runs per cell a paired $t$-test would need for 80\\,\\% power at the observed "
         "mean and standard deviation of the differences, at Holm's strictest level.",
         "Table marks: Benjamini--Hochberg over every cell-against-baseline test of the study (a false discovery "
-        "rate of 5\\,\\%: the marks are many and exploratory, and no verdict rests on them).",
+        "rate of 5\\,\\%: the marks are many and exploratory, and no verdict rests on them), each comparison "
+        "counted once: perplexity per word and per token of cells on one tokenizer are the same summed loss over "
+        "fixed denominators, so the word-level mark is the token-level test's.",
         "The per-sentence paired bootstrap of one run against its baseline run (\\texttt{significance.csv}, rows "
         "per seed) says whether those two trained models differ on this test set; another seed may differ, so no "
         "verdict or mark uses it.",

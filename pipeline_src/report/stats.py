@@ -25,7 +25,9 @@ Tests (scipy.stats / statsmodels, nothing hand-written):
 * multiplicity: Holm's step-down (statsmodels' multipletests) over the claim comparisons of a
   study (family-wise error, valid under any dependence between comparisons, which share
   baselines), Benjamini-Hochberg over the marks of the tables (false discovery rate: many
-  exploratory marks, a few wrong ones acceptable, a verdict never rests on them);
+  exploratory marks, a few wrong ones acceptable, a verdict never rests on them), counting each
+  distinct comparison once (aggregate stage: a word perplexity repeats its token perplexity's
+  test);
 * sequential seeds (params `seeds: {min, max}`): a comparison may be looked at twice, after
   `min` runs and after `max`; each look is tested at alpha / looks (Bonferroni over looks),
   which bounds the error rate whatever rule decides to continue, because the second look's
