@@ -227,6 +227,14 @@ def test_claim_evidence_is_a_paired_t_over_runs_corrected_by_holm(stage):
     expect = S.holm(tested["p_value"].to_numpy())
     assert tested["p_adjusted"].to_numpy() == pytest.approx(expect, rel=1e-4)
     assert (claims["looks"] == 1).all()  # a list of seeds: one look
+    # Beside the adjusted p: the simultaneous interval, Bonferroni over the tested comparisons.
+    level = 1 - 0.05 / len(tested)
+    assert len(tested) > 1 and tested["sim_ci_level"].to_numpy() == pytest.approx([level] * len(tested), rel=1e-5)
+    row = _row(claims, "pe_hurts")
+    assert (row["sim_ci_lo"], row["sim_ci_hi"]) == pytest.approx(t.confidence_interval(level), rel=1e-4)
+    assert row["sim_ci_lo"] < row["ci_lo"] and row["sim_ci_hi"] > row["ci_hi"]
+    aside = claims[~claims["verdict"].isin(C.TESTED)]
+    assert len(aside) and aside[["sim_ci_level", "sim_ci_lo", "sim_ci_hi"]].isna().all().all()
 
 
 def test_too_few_runs_give_no_verdict(tmp_path, monkeypatch):
@@ -331,6 +339,8 @@ def test_report_has_the_claims_per_task_caveats_and_the_method(stage, monkeypatc
     assert r"\section{Published results and claims}" in tex and r"\label{sec:method}" in tex
     assert "Two tasks, each judged on its own." in tex  # the caveat beside its claim
     assert "Holm" in tex and "Benjamini" in tex and "unigram" in tex
+    m = int(stage["claims"]["verdict"].isin(C.TESTED).sum())
+    assert r"$\Delta$ [simult.\ CI]" in tex and f"confidence $1-0.05/{m}$" in tex
     assert "8 claims give 10 verdicts (one per claim and task)" in tex
     assert r"tr\_task: \textbf{\textcolor{green!45!black}{supported}}; sum\_task: \textbf{\textcolor{red!70!black}{contradicted}}" in tex
     assert (Path("reports") / study.name / "report.pdf").stat().st_size > 10_000

@@ -1,7 +1,10 @@
 """Claims stage: the study's claims tested on its runs, and its results set beside published ones.
 
 reports/<study>/claims.csv      one row per comparison of every claim (params `claims:`): the
-                                 evidence, the verdict and why, the runs that would settle it,
+                                 evidence (ci_lo/ci_hi: the 95 % interval beside the unadjusted
+                                 p_value; sim_ci_lo/sim_ci_hi: the simultaneous interval at
+                                 confidence sim_ci_level = 1 - alpha/m beside the Holm-adjusted
+                                 p_adjusted), the verdict and why, the runs that would settle it,
                                  and the claim's verdict in that comparison's task.
 reports/<study>/references.csv  one row per published number (params `references:`) with ours
                                  beside it and the difference (relative where scales differ).
@@ -47,7 +50,7 @@ from .stats import ALPHA, MIN_RUNS
 CLAIM_COLUMNS = ["claim", "statement", "source", "caveat", "regime", "task", "task_verdict", "task_reason", "metric",
                  "cell", "cell_label", "versus", "versus_label", "expect", "margin", "n_runs", "seeds",
                  "versus_value", "cell_value", "delta", "rel_delta_pct", "sd", "ci_lo", "ci_hi", "p_value", "looks",
-                 "p_adjusted", "test", "seeds_agree", "runs_needed", "verdict", "reason"]
+                 "p_adjusted", "sim_ci_level", "sim_ci_lo", "sim_ci_hi", "test", "seeds_agree", "runs_needed", "verdict", "reason"]
 REFERENCE_COLUMNS = ["task", "cell", "cell_label", "versus", "versus_label", "metric", "ours", "ours_std",
                      "n_seeds", "published", "difference", "ours_rel_pct", "published_rel_pct", "same_sign",
                      "approximate", "matches_setting", "setting", "citation", "note"]
@@ -143,6 +146,17 @@ def _evidence(expect: str, c: np.ndarray, v: np.ndarray, margin) -> dict:
     return ev
 
 
+def _simultaneous(deltas, alpha_family: float) -> dict:
+    """The interval that goes beside a Holm-adjusted p: Student-t at confidence 1 - alpha/m over the
+    m comparisons x looks of the family (Bonferroni), so that the intervals of all comparisons
+    hold together with probability >= 1 - alpha, as the verdicts do. A comparison whose interval
+    excludes a value is rejected there by Holm too (Holm's first step is Bonferroni's; later steps
+    are less strict)."""
+    level = 1 - alpha_family
+    t = stats.paired_t(deltas, confidence=level)
+    return {"sim_ci_level": level, "sim_ci_lo": t["ci_lo"], "sim_ci_hi": t["ci_hi"]}
+
+
 def _agrees(expect: str, d: float, margin: float | None) -> bool:
     if expect == "equal":
         return abs(d) <= margin
@@ -224,6 +238,7 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
     for i, p_adj in zip(tested, adjusted):
         comp, ev, margin = evidence[i]
         rows[i]["p_adjusted"] = float(p_adj)
+        rows[i].update(_simultaneous(ev["per_seed"], alpha_runs))
         rows[i]["verdict"], rows[i]["reason"], rows[i]["runs_needed"] = _decide(comp.expect, ev, float(p_adj), margin,
                                                                                 alpha_runs)
     frame = pd.DataFrame(rows, columns=CLAIM_COLUMNS)
@@ -244,7 +259,8 @@ def judge_alone(expect: str, cell_values, versus_values, margin: float | None = 
     ev = _evidence(expect, c, v, margin)
     p_adj = min(1.0, ev["p_value"] * n_looks)
     verdict, reason, need = _decide(expect, ev, p_adj, margin, ALPHA / n_looks if runs_needed else None)
-    return {"verdict": verdict, "reason": reason, "runs_needed": need, "p_adjusted": p_adj}
+    return {"verdict": verdict, "reason": reason, "runs_needed": need, "p_adjusted": p_adj,
+            **_simultaneous(ev["per_seed"], ALPHA / n_looks)}
 
 
 def compare_references(study, results: pd.DataFrame) -> pd.DataFrame:
@@ -342,19 +358,26 @@ def claims_latex(frame: pd.DataFrame) -> str:
     if frame.empty:
         return ""
     n_looks = int(frame["looks"].iloc[0]) if "looks" in frame and len(frame) else 1
-    looks_note = (r" $p_\mathrm{adj}$ includes the factor 2 of the two looks at adaptive seeds (Bonferroni)."
-                  if n_looks > 1 else "")
+    looks_note = (r" $p_\mathrm{adj}$ and the intervals include the factor 2 of the two looks at adaptive seeds "
+                  r"(Bonferroni)." if n_looks > 1 else "")
+    m = int(frame["verdict"].isin(TESTED).sum())  # the Holm family (claims.csv: sim_ci_level)
+    level = 1 - ALPHA / max(1, m * n_looks)
+    interval_note = (rf"with its simultaneous Student-$t$ interval over runs (confidence $1-{ALPHA:g}/{m * n_looks}$ = "
+                     rf"{fmt_num(100 * level, 2 if level < 0.999 else 3)}\,\%: Bonferroni over the {m} tested "
+                     "comparisons" + (" and two looks" if n_looks > 1 else "") + ", so that all the intervals hold "
+                     "together, as the verdicts do; none for a comparison set aside)" if m else
+                     "(no interval: every comparison was set aside)")
     lines = [r"{\footnotesize\setlength{\tabcolsep}{3pt}",
              r"\begin{longtable}{@{}>{\raggedright}p{3.2cm}>{\raggedright}p{1.2cm}>{\raggedright}p{1.0cm}r"
              r">{\raggedright}p{2.5cm}rc>{\raggedright\arraybackslash}p{2.4cm}@{}}",
              r"\caption{Claims tested on this study's training runs, each verdict per task. "
              r"$v\to c$: mean over the runs of the compared-against cell and of the cell; "
-             r"$\Delta=c-v$: mean of the per-seed differences with its 95\,\% Student-$t$ interval over runs; "
+             r"$\Delta=c-v$: mean of the per-seed differences " + interval_note + "; "
              r"$p_\mathrm{adj}$: paired $t$-test over runs (TOST for $\approx$), Holm-corrected over all "
              r"comparisons of the study." + looks_note + r" Runs: paired runs behind the comparison, and for an "
              r"unsettled one the runs per cell a paired test would need for 80\,\% power at the observed effect "
              r"and spread.}\label{tab:claims}\\",
-             r"\toprule", r"Comparison ($c$ vs $v$) & Metric & Expect & $v\to c$ & $\Delta$ [95\,\% CI] & "
+             r"\toprule", r"Comparison ($c$ vs $v$) & Metric & Expect & $v\to c$ & $\Delta$ [simult.\ CI] & "
              r"$p_\mathrm{adj}$ & Runs & Verdict \\", r"\midrule", r"\endhead", r"\bottomrule", r"\endfoot"]
     for name, group in frame.groupby("claim", sort=False):
         first = group.iloc[0]
@@ -381,10 +404,17 @@ def claims_latex(frame: pd.DataFrame) -> str:
                 f"{esc(r['task'])}: {esc(r['cell_label'])} vs {esc(r['versus_label'])} & "
                 f"{esc(RUN_METRIC_NAMES.get(r['metric']) or display_name(r['metric']))} & {expect} & "
                 f"{fmt_num(r['versus_value'], d)}$\\to${fmt_num(r['cell_value'], d)} & "
-                f"{_signed(r['delta'], d)} [{_signed(r['ci_lo'], d)}, {_signed(r['ci_hi'], d)}] & "
+                f"{_signed(r['delta'], d)}{_interval(r, d)} & "
                 f"{_p(r['p_adjusted'])} & {runs} & {verdict} \\\\")
     lines += [r"\end{longtable}}"]
     return "\n".join(lines) + "\n"
+
+
+def _interval(r, digits: int) -> str:
+    """The simultaneous interval of a tested comparison (beside its adjusted p), else nothing."""
+    if _missing(r.get("sim_ci_lo")) or _missing(r.get("sim_ci_hi")):
+        return ""
+    return f" [{_signed(r['sim_ci_lo'], digits)}, {_signed(r['sim_ci_hi'], digits)}]"
 
 
 def claims_summary(frame: pd.DataFrame, latex: bool = True) -> str:

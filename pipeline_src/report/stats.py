@@ -24,7 +24,9 @@ Tests (scipy.stats / statsmodels, nothing hand-written):
   (the usual TOST level) would allow up to 1.5 alpha there;
 * multiplicity: Holm's step-down (statsmodels' multipletests) over the claim comparisons of a
   study (family-wise error, valid under any dependence between comparisons, which share
-  baselines), Benjamini-Hochberg over the marks of the tables (false discovery rate: many
+  baselines), beside simultaneous intervals (report/claims.py: Student-t at confidence
+  1 - alpha/m over the same family, Bonferroni, so that they hold together as the verdicts do;
+  an interval that excludes a value is a rejection at Holm's strictest step), Benjamini-Hochberg over the marks of the tables (false discovery rate: many
   exploratory marks, a few wrong ones acceptable, a verdict never rests on them), counting each
   distinct comparison once (aggregate stage: a word perplexity repeats its token perplexity's
   test);
