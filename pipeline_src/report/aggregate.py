@@ -57,7 +57,8 @@ REQUIRED_METRICS = {
 }
 SIGNIFICANCE_COLUMNS = ["task", "kind", "cell", "family", "label", "leaks_future", "baseline", "metric", "seed",
                         "n_runs", "n_examples", "n_resamples", "base", "cell_score", "delta", "ci_lo", "ci_hi",
-                        "p_value", "q_value", "duplicate_of", "p_not_better", "significant", "higher_is_better", "test", "about"]
+                        "p_value", "q_value", "duplicate_of", "p_not_better", "significant", "higher_is_better", "test",
+                        "about"]
 
 
 # --- results.csv ---------------------------------------------------------------------------------

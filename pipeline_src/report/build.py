@@ -158,8 +158,9 @@ def _method_text(study, results: pd.DataFrame) -> str:
         "set), one number per run (its corpus BLEU, test perplexity, ROUGE or wall time), and the per-seed "
         "differences are tested with a paired $t$-test (\\texttt{scipy.stats}); an interval is the Student-$t$ "
         "interval of their mean, and beside a Holm-adjusted $p$ a simultaneous one (confidence $1-0.05/m$ over the "
-        "$m$ comparisons of the family: Bonferroni, so that all the intervals hold together, as the verdicts do). Every run is scored on the same finite test set, so each difference carries that "
-        "set's noise as well as the run's; the statement is about new training runs on this test set.",
+        "$m$ comparisons of the family: Bonferroni, so that all the intervals hold together, as the verdicts do). "
+        "Every run is scored on the same finite test set, so each difference carries that set's noise as well as "
+        "the run's; the statement is about new training runs on this test set.",
         f"Below {MIN_RUNS} paired runs there is no test and no verdict (``too few runs''): with two runs the "
         "$t$-test has one degree of freedom, a 95\\,\\% interval of $\\pm 12.7$ standard errors, and rests on "
         "the normality of two numbers.",
