@@ -82,6 +82,28 @@ def test_tost_needs_both_one_sided_tests_and_each_verdict_gets_half_the_level():
     assert t["ci_hi"] > 1.0 and (_eq(d, t["ci_hi"] + 1e-6)["p"] < 0.05) and (_eq(d, t["ci_hi"] - 1e-6)["p"] > 0.05)
 
 
+def test_sign_consistency_and_the_exact_sign_flip_permutation_p():
+    import itertools
+
+    assert S.sign_consistency([-1.0, -2.0, 0.5], "lower") == (2, 3)
+    assert S.sign_consistency([-1.0, -2.0, 0.5], "higher") == (1, 3)
+    assert S.sign_consistency([-1.0, 0.2, 0.5, 0.0], "equal", margin=0.5) == (3, 4)
+    # Six differences of one sign: only "all +" and "all -" reach |mean|, 2 of 64 assignments.
+    assert S.sign_flip_p([0.3, 1.2, 0.7, 2.0, 0.1, 0.9]) == pytest.approx(2 / 64)
+    assert S.sign_flip_p([-0.3, -1.2, -0.7, -2.0, -0.1, -0.9]) == pytest.approx(0.03125)
+    # Against every sign assignment enumerated here: two-sided on the mean.
+    d = np.random.default_rng(4).normal(0.4, 1.0, 9)
+    means = np.array([np.mean(np.array(s) * d) for s in itertools.product((1, -1), repeat=9)])
+    assert S.sign_flip_p(d) == pytest.approx(np.mean(np.abs(means) >= abs(d.mean()) * (1 - 1e-12)))
+    # Below 6 runs it could not reach 0.05 (2/32 with five), so there is none; nor beyond 16.
+    assert math.isnan(S.sign_flip_p([1.0] * 5)) and math.isnan(S.sign_flip_p(np.ones(17)))
+    # Beside the paired t of a comparison, and in its row of the claims table.
+    ev = C._evidence("lower", np.full(6, 10.0), np.array([10.3, 11.2, 10.7, 12.0, 10.1, 10.9]), None)
+    assert ev["p_permutation"] == pytest.approx(0.03125) and ev["p_value"] < 0.05
+    row = pd.Series({"seeds_agree": "6/6", "p_permutation": ev["p_permutation"]})
+    assert C._signs(row) == r"6/6\newline{\scriptsize $p_\pm$\,0.031}"
+
+
 def test_holm_and_benjamini_hochberg_match_their_definitions():
     p = [0.01, 0.04, 0.03, 0.005, float("nan")]
     holm = S.holm(p)
@@ -209,6 +231,8 @@ def test_claims_get_the_verdicts_the_fake_data_imply_per_task(stage):
     assert "20 epochs" in _row(stage["claims"], "overfit")["reason"]
     same = _row(stage["claims"], "same_equal")
     assert same["delta"] == 0 and same["ci_lo"] == 0 and same["ci_hi"] == 0 and same["seeds_agree"] == "4/4"
+    hurts = _row(stage["claims"], "pe_hurts")
+    assert hurts["seeds_agree"] == "4/4" and math.isnan(hurts["p_permutation"])  # 4 runs: no permutation p
     nothing = _row(stage["claims"], "same_better")
     assert "no difference was seen" in nothing["reason"] and math.isinf(float(nothing["runs_needed"]))
 
@@ -341,6 +365,7 @@ def test_report_has_the_claims_per_task_caveats_and_the_method(stage, monkeypatc
     assert "Holm" in tex and "Benjamini" in tex and "unigram" in tex
     m = int(stage["claims"]["verdict"].isin(C.TESTED).sum())
     assert r"$\Delta$ [simult.\ CI]" in tex and f"confidence $1-0.05/{m}$" in tex
+    assert r"$p_\mathrm{adj}$ & Signs & Runs & Verdict" in tex and "sign-flip" in tex
     assert "8 claims give 10 verdicts (one per claim and task)" in tex
     assert r"tr\_task: \textbf{\textcolor{green!45!black}{supported}}; sum\_task: \textbf{\textcolor{red!70!black}{contradicted}}" in tex
     assert (Path("reports") / study.name / "report.pdf").stat().st_size > 10_000

@@ -26,10 +26,15 @@ Tests (scipy.stats / statsmodels, nothing hand-written):
   study (family-wise error, valid under any dependence between comparisons, which share
   baselines), beside simultaneous intervals (report/claims.py: Student-t at confidence
   1 - alpha/m over the same family, Bonferroni, so that they hold together as the verdicts do;
-  an interval that excludes a value is a rejection at Holm's strictest step), Benjamini-Hochberg over the marks of the tables (false discovery rate: many
-  exploratory marks, a few wrong ones acceptable, a verdict never rests on them), counting each
-  distinct comparison once (aggregate stage: a word perplexity repeats its token perplexity's
-  test);
+  an interval that excludes a value is a rejection at Holm's strictest step),
+  Benjamini-Hochberg over the marks of the tables (false discovery rate: many exploratory
+  marks, a few wrong ones acceptable, a verdict never rests on them), counting each distinct
+  comparison once (aggregate stage: a word perplexity repeats its token perplexity's test);
+* beside a paired t-test, two checks that do not assume normal differences and decide nothing:
+  the sign consistency (how many of the n differences lie on the predicted side) and, from
+  MIN_PERMUTATION_RUNS runs, the exact sign-flip permutation p-value (all 2^n sign assignments
+  of the differences, two-sided on their mean; below 6 runs its smallest possible value, 2/2^n,
+  is above 0.05);
 * sequential seeds (params `seeds: {min, max}`): a comparison may be looked at twice, after
   `min` runs and after `max`; each look is tested at alpha / looks (Bonferroni over looks),
   which bounds the error rate whatever rule decides to continue, because the second look's
@@ -52,6 +57,8 @@ ALPHA = 0.05
 MIN_RUNS = 3
 POWER = 0.8
 MAX_RUNS_REPORTED = 1000  # "more than this" beyond it
+MIN_PERMUTATION_RUNS = 6  # 2/2^6 = 0.031: the first n at which the permutation test can reject at 0.05
+MAX_PERMUTATION_RUNS = 16  # 65,536 sign assignments (~0.3 s); 20 runs would take seconds per comparison
 
 
 def _finite(x) -> bool:
@@ -103,6 +110,32 @@ def equivalence(cell, versus, margin: float) -> dict:
                              stats.ttest_1samp(d, -margin, alternative="less").pvalue))  # mean < -m
     return {"p_inside": p_in, "p_outside": min(1.0, 2 * p_beyond), "p": min(1.0, 2 * min(p_in, p_beyond)),
             "side": "inside" if p_in <= p_beyond else "outside"}
+
+
+def sign_consistency(deltas, expect: str, margin: float | None = None) -> tuple[int, int]:
+    """(k, n): how many of the n per-seed differences lie on the predicted side (above 0 for
+    "higher", below 0 for "lower", within +-margin for "equal")."""
+    d = np.asarray(deltas, dtype=np.float64)
+    if expect == "equal":
+        k = int((np.abs(d) <= margin).sum())
+    else:
+        k = int((d > 0).sum() if expect == "higher" else (d < 0).sum())
+    return k, len(d)
+
+
+def sign_flip_p(deltas) -> float:
+    """Exact sign-flip permutation p-value of mean(d) = 0, two-sided (scipy's permutation_test
+    over all 2^n sign assignments of the differences): valid without normality when the
+    differences are symmetric about 0 under the null. NaN below MIN_PERMUTATION_RUNS runs (it
+    could not reject at 0.05) and above MAX_PERMUTATION_RUNS (too many assignments to enumerate)."""
+    from scipy import stats
+
+    d = np.asarray(deltas, dtype=np.float64)
+    if not MIN_PERMUTATION_RUNS <= len(d) <= MAX_PERMUTATION_RUNS or not np.isfinite(d).all():
+        return float("nan")
+    res = stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf,
+                                 alternative="two-sided", vectorized=True, axis=-1)
+    return float(res.pvalue)
 
 
 def holm(pvalues) -> np.ndarray:
