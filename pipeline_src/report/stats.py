@@ -41,7 +41,8 @@ Tests (scipy.stats / statsmodels, nothing hand-written):
   sample size is fixed at `max`;
 * power: the runs a paired t-test (or TOST) needs for 80 % power at the observed mean and
   standard deviation of d, at the Bonferroni level alpha / (comparisons x looks) (Holm's
-  strictest step).
+  strictest step): the smallest n whose power, evaluated at every n up to MAX_RUNS_REPORTED,
+  reaches 80 %.
 
 Below MIN_RUNS paired runs there is no verdict ("too few runs"): a paired t-test exists from
 n = 2, but with one degree of freedom its 95 % interval is +-12.7 standard errors and its
@@ -170,9 +171,18 @@ def benjamini_hochberg(pvalues) -> np.ndarray:
 
 
 def runs_needed(mean: float, sd: float, alpha: float, power: float = POWER) -> float:
-    """Paired runs for a two-sided paired t-test at `alpha` to reach `power` when the true mean
-    difference and its run-to-run standard deviation are the observed ones. inf when no
-    difference was seen; MIN_RUNS at least."""
+    """Paired runs for a two-sided paired t-test at `alpha` to reach `power` of a significant
+    result on the observed effect's side, when the true mean difference and its run-to-run
+    standard deviation are the observed ones. inf when no difference was seen or more than
+    MAX_RUNS_REPORTED runs would be needed; MIN_RUNS at least.
+
+    The power is evaluated at every n from 2 (statsmodels' TTestPower, the rejection region on
+    the effect's side: alternative "larger" at alpha / 2) and the smallest n that reaches
+    `power` is returned, rather than asking TTestPower's root finder: scipy's non-central t
+    returns NaN for the far tail on the other side at large effects, which makes the solver
+    fail (or converge to a wrong n) for some effects and not for larger ones. That tail is a
+    significant result of the wrong sign - not the effect found - and is below alpha / 2 anyway.
+    Power grows with the effect at every n, so the answer never grows with the effect."""
     from statsmodels.stats.power import TTestPower
 
     if not (_finite(mean) and _finite(sd)):
@@ -182,14 +192,12 @@ def runs_needed(mean: float, sd: float, alpha: float, power: float = POWER) -> f
     effect = abs(mean) / sd
     if effect < 1e-6:
         return math.inf
-    try:
-        n = TTestPower().solve_power(effect_size=effect, alpha=alpha, power=power, alternative="two-sided")
-    except Exception:  # the solver fails far outside the range where a study could help
+    n = np.arange(2, MAX_RUNS_REPORTED + 1)
+    reached = np.flatnonzero(TTestPower().power(effect_size=effect, nobs=n, alpha=alpha / 2,
+                                                alternative="larger") >= power)
+    if not len(reached):
         return math.inf
-    n = float(np.atleast_1d(n)[0])
-    if not math.isfinite(n) or n > MAX_RUNS_REPORTED:
-        return math.inf
-    return float(max(MIN_RUNS, math.ceil(n)))
+    return float(max(MIN_RUNS, n[reached[0]]))
 
 
 def tost_power(n, mean: float, sd: float, margin: float, alpha: float):
