@@ -32,9 +32,9 @@ Tests (scipy.stats / statsmodels, nothing hand-written):
   comparison once (aggregate stage: a word perplexity repeats its token perplexity's test);
 * beside a paired t-test, two checks that do not assume normal differences and decide nothing:
   the sign consistency (how many of the n differences lie on the predicted side) and, from
-  MIN_PERMUTATION_RUNS runs, the exact sign-flip permutation p-value (all 2^n sign assignments
-  of the differences, two-sided on their mean; below 6 runs its smallest possible value, 2/2^n,
-  is above 0.05);
+  MIN_PERMUTATION_RUNS to MAX_PERMUTATION_RUNS runs, the exact sign-flip permutation p-value
+  (all 2^n sign assignments of the differences, two-sided on their mean; below 6 runs its
+  smallest possible value, 2/2^n, is above 0.05);
 * sequential seeds (params `seeds: {min, max}`): a comparison may be looked at twice, after
   `min` runs and after `max`; each look is tested at alpha / looks (Bonferroni over looks),
   which bounds the error rate whatever rule decides to continue, because the second look's
