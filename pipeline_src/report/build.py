@@ -168,12 +168,12 @@ def _method_text(study, results: pd.DataFrame) -> str:
         "any wrong verdict at 5\\,\\% whatever the dependence between comparisons (they share baselines); a "
         "claim of equality within a margin is tested by two one-sided tests (TOST) against the one-sided test of a "
         "difference beyond the margin, each of the two possible verdicts at half the error rate (equivalent when the "
-        "95\\,\\% interval lies inside the margin, different when it lies beyond it). Beside each comparison, two "
-        "checks that do not assume normal differences and decide nothing: how many of the per-seed differences lie "
-        "on the predicted side, and from 6 runs the exact sign-flip permutation $p$ (all $2^n$ sign assignments of "
-        "the differences). For an unsettled comparison "
-        "the report gives the runs per cell a paired $t$-test would need for 80\\,\\% power at the observed "
-        "mean and standard deviation of the differences, at Holm's strictest level.",
+        "interval at the comparison's level, 95\\,\\% for a single comparison, lies inside the margin, different "
+        "when it lies beyond it). Beside each comparison, two checks that do not assume normal differences and "
+        "decide nothing: how many of the per-seed differences lie on the predicted side, and from 6 runs the exact "
+        "sign-flip permutation $p$ (all $2^n$ sign assignments of the differences). For an unsettled comparison the "
+        "report gives the runs per cell a paired $t$-test would need for 80\\,\\% power at the observed mean and "
+        "standard deviation of the differences, at Holm's strictest level.",
         "Table marks: Benjamini--Hochberg over every cell-against-baseline test of the study (a false discovery "
         "rate of 5\\,\\%: the marks are many and exploratory, and no verdict rests on them), each comparison "
         "counted once: perplexity per word and per token of cells on one tokenizer are the same summed loss over "
