@@ -6,6 +6,7 @@ and `same_as_base` has exactly the baseline's outputs, so the right verdicts are
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import math
 from pathlib import Path
@@ -66,7 +67,7 @@ def test_tost_needs_both_one_sided_tests_and_each_verdict_gets_half_the_level():
     d = c - v
     above_low = sps.ttest_1samp(d, -1.0, alternative="greater").pvalue
     below_high = sps.ttest_1samp(d, 1.0, alternative="less").pvalue
-    assert above_low < 0.01 < 0.2 < below_high  # the smaller one-sided p would call it equivalent
+    assert above_low < 0.01 and below_high > 0.2  # the smaller one-sided p would call it equivalent
     eq = S.equivalence(c, v, 1.0)
     assert eq["p_inside"] == pytest.approx(below_high) == pytest.approx(ttost_paired(c, v, -1.0, 1.0)[0])
     assert C.judge_alone("equal", c, v, margin=1.0, runs_needed=False)["verdict"] == "inconclusive"
@@ -83,8 +84,6 @@ def test_tost_needs_both_one_sided_tests_and_each_verdict_gets_half_the_level():
 
 
 def test_sign_consistency_and_the_exact_sign_flip_permutation_p():
-    import itertools
-
     assert S.sign_consistency([-1.0, -2.0, 0.5], "lower") == (2, 3)
     assert S.sign_consistency([-1.0, -2.0, 0.5], "higher") == (1, 3)
     assert S.sign_consistency([-1.0, 0.2, 0.5, 0.0], "equal", margin=0.5) == (3, 4)
@@ -142,7 +141,7 @@ def test_runs_needed_grows_as_the_effect_shrinks_and_reaches_80_percent_power():
         assert power(n, d, alpha) >= 0.8 and (n == S.MIN_RUNS or power(n - 1, d, alpha) < 0.8), (d, n)
     assert need[2:] == [4.0] * 4  # with 3 runs even d = 12 has 59 % power at this level
     grid = [S.runs_needed(d, 1.0, alpha) for d in np.linspace(0.2, 30, 300)]
-    assert all(a >= b for a, b in zip(grid, grid[1:]))
+    assert all(a >= b for a, b in itertools.pairwise(grid))
     from pipeline_src.report.plan import extends
 
     assert extends("inconclusive", S.runs_needed(11.0, 1.0, alpha), 5)  # a near miss the seed plan extends
