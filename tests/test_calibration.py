@@ -15,7 +15,8 @@ study would:
 
 The comparisons reuse runs (12 seeds make 220 triples), so the rates are estimates from
 dependent draws; a simulation with independent normal differences checks the same engine at a
-precision the real runs cannot give. The rates are printed.
+precision the real runs cannot give, and checks claims of equality within a margin where they
+are hardest to get right: a true difference of exactly the margin. The rates are printed.
 """
 from __future__ import annotations
 
@@ -204,3 +205,19 @@ def test_simulated_a_a_with_independent_comparisons(measured):
            + ", ".join(f"{k}: {v:.2%}" for k, v in rates.items()) + " (nominal 5 %)")
     assert 0.043 <= rates["fixed, 3 runs"] <= 0.057  # calibrated: about alpha (3 standard errors)
     assert rates["adaptive 3 -> 6"] <= 0.055
+
+
+def test_simulated_equality_claims_at_the_margin(measured):
+    """A true difference of exactly the margin: "equal within +-m" and "different beyond +-m"
+    are both wrong, so any verdict is an error; the engine must keep the two together at alpha.
+    (Deciding on the smaller of the TOST p and the beyond-margin p, each at alpha, gives ~7.5 %
+    here: TOST ~5 % plus the doubled one-sided test's 2.5 %.)"""
+    rng = np.random.default_rng(3)
+    trials = 4000
+    d = rng.normal(1.0, 0.3, (trials, 3))
+    verdicts = [C.judge_alone("equal", x, np.zeros(3), margin=1.0, runs_needed=False)["verdict"] for x in d]
+    rate = sum(v in ("supported", "contradicted") for v in verdicts) / trials
+    measured(f"[calibration] simulated equality claims at the margin, 3 runs: {rate:.2%} verdicts (nominal 5 %)")
+    # At the margin the rate is alpha itself (alpha/2 for each verdict, the interval's two ends),
+    # so the bound is alpha plus 3 standard errors of the estimate.
+    assert rate <= 0.05 + 3 * (0.05 * 0.95 / trials) ** 0.5

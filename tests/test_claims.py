@@ -6,6 +6,7 @@ and `same_as_base` has exactly the baseline's outputs, so the right verdicts are
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import math
 from pathlib import Path
@@ -45,13 +46,61 @@ def test_paired_t_is_the_textbook_one_sample_t_on_the_differences():
     assert S.paired_t([0.5, 0.5, 0.5])["p"] == 0.0 and S.paired_t([0.0, 0.0, 0.0])["p"] == 1.0
 
 
+def _eq(deltas, margin):
+    d = np.asarray(deltas, dtype=float)
+    return S.equivalence(d + 10.0, np.full(len(d), 10.0), margin)  # paired runs whose differences are d
+
+
 def test_equivalence_tests_inside_and_outside_the_margin():
-    inside = S.equivalence([0.1, -0.1, 0.05, 0.0, -0.05], margin=1.0)
-    assert inside["p_inside"] < 0.001 and inside["p_outside"] == pytest.approx(1.0)
-    outside = S.equivalence([3.1, 2.9, 3.0, 3.2], margin=1.0)
-    assert outside["p_outside"] < 0.01 and outside["p_inside"] > 0.5
-    straddle = S.equivalence([1.5, -0.4, 0.9], margin=1.0)
+    inside = _eq([0.1, -0.1, 0.05, 0.0, -0.05], margin=1.0)
+    assert inside["p_inside"] < 0.001 and inside["p_outside"] == pytest.approx(1.0) and inside["side"] == "inside"
+    outside = _eq([3.1, 2.9, 3.0, 3.2], margin=1.0)
+    assert outside["p_outside"] < 0.01 and outside["p_inside"] > 0.5 and outside["side"] == "outside"
+    straddle = _eq([1.5, -0.4, 0.9], margin=1.0)
     assert straddle["p_inside"] > 0.05 and straddle["p_outside"] > 0.05
+
+
+def test_tost_needs_both_one_sided_tests_and_each_verdict_gets_half_the_level():
+    from statsmodels.stats.weightstats import ttost_paired
+
+    c, v = np.array([10.6, 11.4, 10.2, 11.0]), np.full(4, 10.0)  # d: mean 0.8, near the margin 1
+    d = c - v
+    above_low = sps.ttest_1samp(d, -1.0, alternative="greater").pvalue
+    below_high = sps.ttest_1samp(d, 1.0, alternative="less").pvalue
+    assert above_low < 0.01 and below_high > 0.2  # the smaller one-sided p would call it equivalent
+    eq = S.equivalence(c, v, 1.0)
+    assert eq["p_inside"] == pytest.approx(below_high) == pytest.approx(ttost_paired(c, v, -1.0, 1.0)[0])
+    assert C.judge_alone("equal", c, v, margin=1.0, runs_needed=False)["verdict"] == "inconclusive"
+    # TOST p 0.037: equivalent at alpha, but a comparison that may also end "different" tests
+    # each verdict at alpha / 2, so p = 0.074 and no verdict.
+    d = np.array([0.3, -0.5, 0.9, 0.2])
+    eq = _eq(d, 1.0)
+    assert eq["p_inside"] == pytest.approx(0.0368, abs=1e-4) and eq["p"] == pytest.approx(2 * eq["p_inside"])
+    judged = C.judge_alone("equal", d, np.zeros(4), margin=1.0, runs_needed=False)
+    assert judged["verdict"] == "inconclusive" and judged["p_adjusted"] == pytest.approx(0.0737, abs=1e-4)
+    # The same rule as an interval: equivalent exactly when the 95 % interval lies inside +-margin.
+    t = S.paired_t(d)
+    assert t["ci_hi"] > 1.0 and (_eq(d, t["ci_hi"] + 1e-6)["p"] < 0.05) and (_eq(d, t["ci_hi"] - 1e-6)["p"] > 0.05)
+
+
+def test_sign_consistency_and_the_exact_sign_flip_permutation_p():
+    assert S.sign_consistency([-1.0, -2.0, 0.5], "lower") == (2, 3)
+    assert S.sign_consistency([-1.0, -2.0, 0.5], "higher") == (1, 3)
+    assert S.sign_consistency([-1.0, 0.2, 0.5, 0.0], "equal", margin=0.5) == (3, 4)
+    # Six differences of one sign: only "all +" and "all -" reach |mean|, 2 of 64 assignments.
+    assert S.sign_flip_p([0.3, 1.2, 0.7, 2.0, 0.1, 0.9]) == pytest.approx(2 / 64)
+    assert S.sign_flip_p([-0.3, -1.2, -0.7, -2.0, -0.1, -0.9]) == pytest.approx(0.03125)
+    # Against every sign assignment enumerated here: two-sided on the mean.
+    d = np.random.default_rng(4).normal(0.4, 1.0, 9)
+    means = np.array([np.mean(np.array(s) * d) for s in itertools.product((1, -1), repeat=9)])
+    assert S.sign_flip_p(d) == pytest.approx(np.mean(np.abs(means) >= abs(d.mean()) * (1 - 1e-12)))
+    # Below 6 runs it could not reach 0.05 (2/32 with five), so there is none; nor beyond 16.
+    assert math.isnan(S.sign_flip_p([1.0] * 5)) and math.isnan(S.sign_flip_p(np.ones(17)))
+    # Beside the paired t of a comparison, and in its row of the claims table.
+    ev = C._evidence("lower", np.full(6, 10.0), np.array([10.3, 11.2, 10.7, 12.0, 10.1, 10.9]), None)
+    assert ev["p_permutation"] == pytest.approx(0.03125) and ev["p_value"] < 0.05
+    row = pd.Series({"seeds_agree": "6/6", "p_permutation": ev["p_permutation"]})
+    assert C._signs(row) == r"6/6\newline{\scriptsize $p_\pm$\,0.031}"
 
 
 def test_holm_and_benjamini_hochberg_match_their_definitions():
@@ -66,6 +115,8 @@ def test_holm_and_benjamini_hochberg_match_their_definitions():
     rng = np.random.default_rng(0)
     many = rng.uniform(0, 0.2, 40) ** 2
     assert S.holm(many) == pytest.approx(multipletests(many, method="holm")[1])
+    assert S.holm([0.3]) == pytest.approx([0.3]) and math.isnan(S.holm([float("nan"), 0.2])[0])
+    assert S.holm([float("nan"), 0.2, 0.01])[1:] == pytest.approx([0.2, 0.02])  # NaN is not a test
     assert S.benjamini_hochberg(many) == pytest.approx(multipletests(many, method="fdr_bh")[1])
 
 
@@ -73,15 +124,29 @@ def test_runs_needed_grows_as_the_effect_shrinks_and_reaches_80_percent_power():
     n_big, n_small = S.runs_needed(1.0, 1.0, 0.05), S.runs_needed(0.3, 1.0, 0.05)
     assert S.MIN_RUNS <= n_big < n_small < 200
     assert math.isinf(S.runs_needed(0.0, 1.0, 0.05))
-    # At the computed n the noncentral t gives >= 80 % power; one run fewer gives less.
+    # At the computed n the noncentral t gives >= 80 % power of a significant result on the
+    # effect's side; one run fewer gives less.
     def power(n, d, alpha=0.05):
-        crit = sps.t.ppf(1 - alpha / 2, n - 1)
-        nc = d * math.sqrt(n)
-        return sps.nct.sf(crit, n - 1, nc) + sps.nct.cdf(-crit, n - 1, nc)
+        return sps.nct.sf(sps.t.ppf(1 - alpha / 2, n - 1), n - 1, d * math.sqrt(n))
     n = int(n_small)
     assert power(n, 0.3) >= 0.8 > power(n - 1, 0.3)
-    eq = S.runs_needed_equivalence(0.1, 1.0, 1.0, 0.05)
-    assert S.tost_power(int(eq), 0.1, 1.0, 1.0, 0.05) >= 0.8 > S.tost_power(int(eq) - 1, 0.1, 1.0, 1.0, 0.05)
+    # Large effects at Holm's strictest level over 24 comparisons, where statsmodels' solver fails
+    # (d = 8, 11, 12 came back as "more than 1,000 runs") or lands on a wrong n (d = 10: 3): finite,
+    # never more runs for a larger effect, each the smallest n with 80 % power.
+    alpha = 0.05 / 24
+    effects = [1, 3, 8, 10, 11, 12]
+    need = [S.runs_needed(d, 1.0, alpha) for d in effects]
+    assert all(math.isfinite(x) for x in need) and need == sorted(need, reverse=True), need
+    for d, n in zip(effects, map(int, need)):
+        assert power(n, d, alpha) >= 0.8 and (n == S.MIN_RUNS or power(n - 1, d, alpha) < 0.8), (d, n)
+    assert need[2:] == [4.0] * 4  # with 3 runs even d = 12 has 59 % power at this level
+    grid = [S.runs_needed(d, 1.0, alpha) for d in np.linspace(0.2, 30, 300)]
+    assert all(a >= b for a, b in itertools.pairwise(grid))
+    from pipeline_src.report.plan import extends
+
+    assert extends("inconclusive", S.runs_needed(11.0, 1.0, alpha), 5)  # a near miss the seed plan extends
+    eq = S.runs_needed_equivalence(0.1, 1.0, 1.0, 0.05)  # the comparison at 0.05: TOST at 0.025
+    assert S.tost_power(int(eq), 0.1, 1.0, 1.0, 0.025) >= 0.8 > S.tost_power(int(eq) - 1, 0.1, 1.0, 1.0, 0.025)
     assert math.isinf(S.runs_needed_equivalence(1.2, 1.0, 1.0, 0.05))
 
 
@@ -179,6 +244,8 @@ def test_claims_get_the_verdicts_the_fake_data_imply_per_task(stage):
     assert "20 epochs" in _row(stage["claims"], "overfit")["reason"]
     same = _row(stage["claims"], "same_equal")
     assert same["delta"] == 0 and same["ci_lo"] == 0 and same["ci_hi"] == 0 and same["seeds_agree"] == "4/4"
+    hurts = _row(stage["claims"], "pe_hurts")
+    assert hurts["seeds_agree"] == "4/4" and math.isnan(hurts["p_permutation"])  # 4 runs: no permutation p
     nothing = _row(stage["claims"], "same_better")
     assert "no difference was seen" in nothing["reason"] and math.isinf(float(nothing["runs_needed"]))
 
@@ -197,6 +264,14 @@ def test_claim_evidence_is_a_paired_t_over_runs_corrected_by_holm(stage):
     expect = S.holm(tested["p_value"].to_numpy())
     assert tested["p_adjusted"].to_numpy() == pytest.approx(expect, rel=1e-4)
     assert (claims["looks"] == 1).all()  # a list of seeds: one look
+    # Beside the adjusted p: the simultaneous interval, Bonferroni over the tested comparisons.
+    level = 1 - 0.05 / len(tested)
+    assert len(tested) > 1 and tested["sim_ci_level"].to_numpy() == pytest.approx([level] * len(tested), rel=1e-5)
+    row = _row(claims, "pe_hurts")
+    assert (row["sim_ci_lo"], row["sim_ci_hi"]) == pytest.approx(t.confidence_interval(level), rel=1e-4)
+    assert row["sim_ci_lo"] < row["ci_lo"] and row["sim_ci_hi"] > row["ci_hi"]
+    aside = claims[~claims["verdict"].isin(C.TESTED)]
+    assert len(aside) and aside[["sim_ci_level", "sim_ci_lo", "sim_ci_hi"]].isna().all().all()
 
 
 def test_too_few_runs_give_no_verdict(tmp_path, monkeypatch):
@@ -301,6 +376,9 @@ def test_report_has_the_claims_per_task_caveats_and_the_method(stage, monkeypatc
     assert r"\section{Published results and claims}" in tex and r"\label{sec:method}" in tex
     assert "Two tasks, each judged on its own." in tex  # the caveat beside its claim
     assert "Holm" in tex and "Benjamini" in tex and "unigram" in tex
+    m = int(stage["claims"]["verdict"].isin(C.TESTED).sum())
+    assert r"$\Delta$ [simult.\ CI]" in tex and f"confidence $1-0.05/{m}$" in tex
+    assert r"$p_\mathrm{adj}$ & Signs & Runs & Verdict" in tex and "sign-flip" in tex
     assert "8 claims give 10 verdicts (one per claim and task)" in tex
     assert r"tr\_task: \textbf{\textcolor{green!45!black}{supported}}; sum\_task: \textbf{\textcolor{red!70!black}{contradicted}}" in tex
     assert (Path("reports") / study.name / "report.pdf").stat().st_size > 10_000

@@ -124,6 +124,37 @@ def test_significance_identical_and_clearly_worse_cells(in_root):
     assert per_seed["n_examples"].iloc[0] == 30 and "trained models" in per_seed["about"].iloc[0]
     leak = sig[sig.cell == "encoder_only"]
     assert leak.leaks_future.all() and set(leak.metric) == {"test_ppl", "test_ppl_word"}
+    # Word perplexity repeats the token perplexity's comparison: one test for Benjamini-Hochberg,
+    # and the same q (the same mark) on both rows.
+    runs = sig[sig.seed.astype(str) == "runs"]
+    leak_runs = runs[runs.cell == "encoder_only"].set_index("metric")
+    assert leak_runs.loc["test_ppl_word", "duplicate_of"] == "test_ppl"
+    assert leak_runs.loc["test_ppl_word", "q_value"] == leak_runs.loc["test_ppl", "q_value"]
+    assert runs[runs.metric != "test_ppl_word"]["duplicate_of"].isna().all()
+
+
+def test_benjamini_hochberg_counts_a_repeated_comparison_once():
+    from statsmodels.stats.multitest import multipletests
+
+    from pipeline_src.report.aggregate import RUN_LEVEL, SIGNIFICANCE_COLUMNS, _false_discovery
+
+    rows = [("a", "test_ppl", 0.010), ("a", "test_ppl_word", 0.012), ("a", "bleu", 0.040),
+            ("b", "test_ppl_word", 0.030),  # b is on another tokenizer: no test_ppl, its own test
+            ("b", "bleu", 0.045), ("c", "test_ppl", float("nan")), ("c", "test_ppl_word", float("nan"))]
+    frame = pd.DataFrame([{"task": "t", "cell": c, "metric": m, "seed": RUN_LEVEL, "p_value": p} for c, m, p in rows]
+                         + [{"task": "t", "cell": "a", "metric": "test_ppl_word", "seed": 0, "p_value": 0.001}],
+                         columns=SIGNIFICANCE_COLUMNS)
+    _false_discovery(frame)
+    distinct = [0, 2, 3, 4]
+    expect = multipletests(frame.loc[distinct, "p_value"], method="fdr_bh")[1]
+    assert frame.loc[distinct, "q_value"].astype(float).to_numpy() == pytest.approx(expect)
+    assert frame.loc[1, "q_value"] == frame.loc[0, "q_value"] and frame.loc[1, "duplicate_of"] == "test_ppl"
+    assert frame.loc[[0, 2, 3, 4, 5, 6, 7], "duplicate_of"].isna().all()
+    # Counted again, the repeat's small p would have passed for a second discovery and lowered the
+    # step-up thresholds of the others: q 0.03 instead of 0.04 for a's token perplexity.
+    assert frame.loc[0, "q_value"] == pytest.approx(0.04)
+    assert multipletests(frame.loc[:4, "p_value"], method="fdr_bh")[1][0] == pytest.approx(0.03)
+    assert frame.loc[5:6, "q_value"].isna().all() and pd.isna(frame.loc[7, "q_value"])  # no test, per-seed row
 
 
 def test_aggregate_fails_in_one_line_on_missing_or_bad_input(in_root, tmp_path, monkeypatch):

@@ -49,6 +49,16 @@ TESTED_METRICS = {
     "summarization": ["rouge1", "rouge2", "rougeLsum", "test_ppl", "test_ppl_word"],
     "lm": ["test_ppl", "test_ppl_word"],
 }
+# Tested metrics that repeat another metric's comparison, and which one. Word perplexity is
+# exp(NLL / words) and token perplexity exp(NLL / tokens) of the same summed NLL on the same test
+# set: between two cells that score the same test targets with one tokenizer (the only cells
+# whose per-token numbers are compared) the one is a fixed power of the other, so both test "the
+# cell's summed test NLL is lower"; a loss is the log of its perplexity. Benjamini-Hochberg
+# counts such a pair once, at the representative's test, and gives the repeat the
+# representative's q (the same mark). Where the representative is not tested (a cell on another
+# tokenizer), the repeat is a test of its own.
+DUPLICATE_OF = {"test_ppl_word": "test_ppl", "test_loss": "test_ppl",
+                "val_ppl_word": "val_ppl", "val_loss": "val_ppl"}
 # Per-token metrics: comparable only between cells with the same tokenizer model. Cells of a task
 # that train on another one (tokenizer or data-size ablations) are compared per word (PPL) and on
 # detokenised text (BLEU, chrF, ROUGE) only; their per-token numbers are masked in figures and

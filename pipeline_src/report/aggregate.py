@@ -9,8 +9,11 @@ reports/<study>/significance.csv  every cell against its task's baseline cell (t
                                   * one row per cell and metric with seed "runs": the ablation's
                                     effect over training runs, a paired t-test of the per-seed
                                     differences of the runs' values (report/stats.py), q_value
-                                    Benjamini-Hochberg-adjusted over every such row of the study;
-                                    the tables mark these (none below stats.MIN_RUNS runs);
+                                    Benjamini-Hochberg-adjusted over every such row of the study
+                                    that is a distinct comparison; a row that repeats another
+                                    (word perplexity beside token perplexity, report.DUPLICATE_OF)
+                                    names it in duplicate_of, is not counted again and carries its
+                                    q_value; the tables mark these (none below stats.MIN_RUNS runs);
                                   * one row per seed: does run s of the cell differ from run s of
                                     the baseline *on this test set* (a paired bootstrap over test
                                     examples: sacrebleu's for BLEU, of per-example F1 for ROUGE, of
@@ -34,8 +37,8 @@ from .. import metrics
 from ..common import StageError, atomic_write_text
 from ..seed_plan import run_seeds
 from . import stats, views
-from . import (ALPHA, BOOTSTRAP_SEED, METRIC_ORDER, TESTED_METRICS, comparable, higher_is_better, read_json,
-               report_paths, require, run_paths)
+from . import (ALPHA, BOOTSTRAP_SEED, DUPLICATE_OF, METRIC_ORDER, TESTED_METRICS, comparable, higher_is_better,
+               read_json, report_paths, require, run_paths)
 
 ID_COLUMNS = ["task", "kind", "cell", "family", "label", "seed", "leaks_future", "failed", "failure"]
 TRAIN_COLUMNS = ["n_params", "flops_per_token", "steps", "train_tokens", "epochs_seen", "best_val_loss", "best_step",
@@ -54,7 +57,8 @@ REQUIRED_METRICS = {
 }
 SIGNIFICANCE_COLUMNS = ["task", "kind", "cell", "family", "label", "leaks_future", "baseline", "metric", "seed",
                         "n_runs", "n_examples", "n_resamples", "base", "cell_score", "delta", "ci_lo", "ci_hi",
-                        "p_value", "q_value", "p_not_better", "significant", "higher_is_better", "test", "about"]
+                        "p_value", "q_value", "duplicate_of", "p_not_better", "significant", "higher_is_better", "test",
+                        "about"]
 
 
 # --- results.csv ---------------------------------------------------------------------------------
@@ -334,11 +338,29 @@ def significance(study, results: pd.DataFrame) -> pd.DataFrame:
                                  **res})
                 rows.append({**ident, **_runs_test(results, task.name, base, cell, metric)})
     frame = pd.DataFrame(rows, columns=SIGNIFICANCE_COLUMNS)
-    # Benjamini-Hochberg over every seed-level test of the study: the tables' marks.
-    runs = frame["seed"].astype(str) == RUN_LEVEL
-    frame.loc[runs, "q_value"] = stats.benjamini_hochberg(frame.loc[runs, "p_value"].astype(float).to_numpy())
-    frame.loc[runs, "significant"] = frame.loc[runs, "q_value"].astype(float) < ALPHA
+    _false_discovery(frame)
     return frame
+
+
+def _false_discovery(frame: pd.DataFrame) -> None:
+    """q_value, significant and duplicate_of of the seed-level rows (in place): Benjamini-Hochberg
+    over every distinct seed-level test of the study (the tables' marks). A row whose metric
+    repeats a tested metric of the same cell (report.DUPLICATE_OF) is not counted a second time:
+    it gets that row's q_value, so the two carry the same mark."""
+    runs = frame["seed"].astype(str) == RUN_LEVEL
+    frame[["duplicate_of", "significant"]] = frame[["duplicate_of", "significant"]].astype(object)
+    tested = {(r.task, r.cell, r.metric): i for i, r in frame[runs].iterrows() if pd.notna(r.p_value)}
+    repeats = {}
+    for (task, cell, metric), i in tested.items():
+        rep = DUPLICATE_OF.get(metric)
+        if rep is not None and (task, cell, rep) in tested:
+            repeats[i] = tested[(task, cell, rep)]
+            frame.loc[i, "duplicate_of"] = rep
+    distinct = runs & ~frame.index.isin(list(repeats))
+    frame.loc[distinct, "q_value"] = stats.benjamini_hochberg(frame.loc[distinct, "p_value"].astype(float).to_numpy())
+    for i, rep in repeats.items():
+        frame.loc[i, "q_value"] = frame.loc[rep, "q_value"]
+    frame.loc[runs, "significant"] = frame.loc[runs, "q_value"].astype(float) < ALPHA
 
 
 # --- stage entry ---------------------------------------------------------------------------------
@@ -359,10 +381,10 @@ def run(study) -> None:
     atomic_write_text(paths["summary"], _csv(summary))
     atomic_write_text(paths["significance"], _csv(sig))
     views.write(study, shown, paths["headline"], paths["plots"])
-    runs = sig[sig["seed"].astype(str) == RUN_LEVEL] if len(sig) else sig
+    runs = sig[(sig["seed"].astype(str) == RUN_LEVEL) & sig["duplicate_of"].isna()] if len(sig) else sig
     tested = int(runs["p_value"].notna().sum()) if len(runs) else 0
     n_sig = int((runs["q_value"].astype(float) < ALPHA).sum()) if len(runs) else 0
     n_failed = int(results["failed"].sum())
     print(f"[aggregate] {len(results)} runs ({n_failed} failed to train), {len(summary)} task x cell groups, "
-          f"{n_sig} of {tested} seed-level tests against the baseline significant at q<{ALPHA} "
+          f"{n_sig} of {tested} distinct seed-level tests against the baseline significant at q<{ALPHA} "
           f"(Benjamini-Hochberg): {paths['results'].parent}", flush=True)

@@ -170,18 +170,27 @@ def _method_text(study, results: pd.DataFrame) -> str:
         "against run $s$ of the compared-against cell (same seed: same initialisation and data order, same test "
         "set), one number per run (its corpus BLEU, test perplexity, ROUGE or wall time), and the per-seed "
         "differences are tested with a paired $t$-test (\\texttt{scipy.stats}); an interval is the Student-$t$ "
-        "interval of their mean. Every run is scored on the same finite test set, so each difference carries that "
-        "set's noise as well as the run's; the statement is about new training runs on this test set.",
+        "interval of their mean, and beside a Holm-adjusted $p$ a simultaneous one (confidence $1-0.05/m$ over the "
+        "$m$ comparisons of the family: Bonferroni, so that all the intervals hold together, as the verdicts do). "
+        "Every run is scored on the same finite test set, so each difference carries that set's noise as well as "
+        "the run's; the statement is about new training runs on this test set.",
         f"Below {MIN_RUNS} paired runs there is no test and no verdict (``too few runs''): with two runs the "
         "$t$-test has one degree of freedom, a 95\\,\\% interval of $\\pm 12.7$ standard errors, and rests on "
         "the normality of two numbers.",
         "Claims: Holm's step-down correction over all of the study's claim comparisons controls the chance of "
         "any wrong verdict at 5\\,\\% whatever the dependence between comparisons (they share baselines); a "
-        "claim of equality within a margin is tested by two one-sided tests (TOST). For an unsettled comparison "
-        "the report gives the runs per cell a paired $t$-test would need for 80\\,\\% power at the observed "
-        "mean and standard deviation of the differences, at Holm's strictest level.",
+        "claim of equality within a margin is tested by two one-sided tests (TOST) against the one-sided test of a "
+        "difference beyond the margin, each of the two possible verdicts at half the error rate (equivalent when the "
+        "interval at the comparison's level, 95\\,\\% for a single comparison, lies inside the margin, different "
+        "when it lies beyond it). Beside each comparison, two checks that do not assume normal differences and "
+        "decide nothing: how many of the per-seed differences lie on the predicted side, and from 6 runs the exact "
+        "sign-flip permutation $p$ (all $2^n$ sign assignments of the differences). For an unsettled comparison the "
+        "report gives the runs per cell a paired $t$-test would need for 80\\,\\% power at the observed mean and "
+        "standard deviation of the differences, at Holm's strictest level.",
         "Table marks: Benjamini--Hochberg over every cell-against-baseline test of the study (a false discovery "
-        "rate of 5\\,\\%: the marks are many and exploratory, and no verdict rests on them).",
+        "rate of 5\\,\\%: the marks are many and exploratory, and no verdict rests on them), each comparison "
+        "counted once: perplexity per word and per token of cells on one tokenizer are the same summed loss over "
+        "fixed denominators, so the word-level mark is the token-level test's.",
         "The per-sentence paired bootstrap of one run against its baseline run (\\texttt{significance.csv}, rows "
         "per seed) says whether those two trained models differ on this test set; another seed may differ, so no "
         "verdict or mark uses it.",

@@ -1,15 +1,23 @@
 """Claims stage: the study's claims tested on its runs, and its results set beside published ones.
 
 reports/<study>/claims.csv      one row per comparison of every claim (params `claims:`): the
-                                 evidence, the verdict and why, the runs that would settle it,
-                                 and the claim's verdict in that comparison's task.
+                                 evidence (ci_lo/ci_hi: the 95 % interval beside the unadjusted
+                                 p_value; sim_ci_lo/sim_ci_hi: the simultaneous interval at
+                                 confidence sim_ci_level = 1 - alpha/m beside the Holm-adjusted
+                                 p_adjusted; seeds_agree: "k/n" of the per-seed differences on
+                                 the predicted side, within the margin for "equal"; p_permutation:
+                                 the exact sign-flip permutation p of a zero mean difference, from
+                                 6 runs, unadjusted, deciding nothing), the verdict and why, the
+                                 runs that would settle it, and the claim's verdict in that
+                                 comparison's task.
 reports/<study>/references.csv  one row per published number (params `references:`) with ours
                                  beside it and the difference (relative where scales differ).
 
 A comparison "cell against versus on metric" (effect = cell minus versus) is judged on training
 runs: run s of the cell against run s of versus, one number each (results.csv: the run's corpus
 BLEU, test perplexity, ROUGE, wall time ...), the per-seed differences tested with a paired
-t-test (directional claims) or two one-sided tests (claims of equality within a margin), and
+t-test (directional claims) or two one-sided tests (claims of equality within a margin, against
+the one-sided test of a difference beyond it, each at half the level), and
 the p-values corrected with Holm's method over all the study's claim comparisons (and for
 adaptive seeds, Bonferroni over the two looks); report/stats.py says why each choice.
 
@@ -46,7 +54,8 @@ from .stats import ALPHA, MIN_RUNS
 CLAIM_COLUMNS = ["claim", "statement", "source", "caveat", "regime", "task", "task_verdict", "task_reason", "metric",
                  "cell", "cell_label", "versus", "versus_label", "expect", "margin", "n_runs", "seeds",
                  "versus_value", "cell_value", "delta", "rel_delta_pct", "sd", "ci_lo", "ci_hi", "p_value", "looks",
-                 "p_adjusted", "test", "seeds_agree", "runs_needed", "verdict", "reason"]
+                 "p_adjusted", "sim_ci_level", "sim_ci_lo", "sim_ci_hi", "test", "seeds_agree", "p_permutation",
+                 "runs_needed", "verdict", "reason"]
 REFERENCE_COLUMNS = ["task", "cell", "cell_label", "versus", "versus_label", "metric", "ours", "ours_std",
                      "n_seeds", "published", "difference", "ours_rel_pct", "published_rel_pct", "same_sign",
                      "approximate", "matches_setting", "setting", "citation", "note"]
@@ -131,28 +140,33 @@ def _evidence(expect: str, c: np.ndarray, v: np.ndarray, margin) -> dict:
     t = stats.paired_t(d)
     ev = {"n_runs": len(d), "versus_value": float(v.mean()) if len(v) else np.nan,
           "cell_value": float(c.mean()) if len(c) else np.nan, "delta": t["mean"], "sd": t["sd"], "ci_lo": t["ci_lo"],
-          "ci_hi": t["ci_hi"], "p_value": t["p"], "per_seed": d,
+          "ci_hi": t["ci_hi"], "p_value": t["p"], "per_seed": d, "p_permutation": stats.sign_flip_p(d),
           "test": f"paired t over {len(d)} runs (df {len(d) - 1}), two-sided"}
     if expect == "equal":
-        eq = stats.equivalence(d, margin)
-        ev["p_inside"], ev["p_outside"] = eq["p_inside"], eq["p_outside"]
-        ev["p_value"] = min(eq["p_inside"], eq["p_outside"])
+        eq = stats.equivalence(c, v, margin)
+        ev["p_inside"], ev["p_outside"], ev["side"] = eq["p_inside"], eq["p_outside"], eq["side"]
+        ev["p_value"] = eq["p"]
         ev["test"] = (f"two one-sided paired t-tests (TOST) over {len(d)} runs for |delta| < {margin:.3g}, "
-                      f"and the test of |delta| > {margin:.3g}")
+                      f"and the one-sided test of |delta| > {margin:.3g}, each at alpha/2 (p: twice the smaller)")
     return ev
 
 
-def _agrees(expect: str, d: float, margin: float | None) -> bool:
-    if expect == "equal":
-        return abs(d) <= margin
-    return d > 0 if expect == "higher" else d < 0
+def _simultaneous(deltas, alpha_family: float) -> dict:
+    """The interval that goes beside a Holm-adjusted p: Student-t at confidence 1 - alpha/m over the
+    m comparisons x looks of the family (Bonferroni), so that the intervals of all comparisons
+    hold together with probability >= 1 - alpha, as the verdicts do. A comparison whose interval
+    excludes a value is rejected there by Holm too (Holm's first step is Bonferroni's; later steps
+    are less strict)."""
+    level = 1 - alpha_family
+    t = stats.paired_t(deltas, confidence=level)
+    return {"sim_ci_level": level, "sim_ci_lo": t["ci_lo"], "sim_ci_hi": t["ci_hi"]}
 
 
 def _decide(expect: str, ev: dict, p_adj: float, margin, alpha_runs: float | None) -> tuple[str, str, float]:
     """(verdict, reason, runs needed) of a tested comparison; alpha_runs None: runs needed not computed."""
     if expect == "equal":
         if p_adj < ALPHA:
-            inside = ev["p_inside"] <= ev["p_outside"]
+            inside = ev["side"] == "inside"
             return (("supported", f"equivalent within +-{margin:.3g} (adjusted p {p_adj:.2g})", np.nan) if inside else
                     ("contradicted", f"different by more than {margin:.3g} (adjusted p {p_adj:.2g})", np.nan))
         need = np.nan if alpha_runs is None else stats.runs_needed_equivalence(ev["delta"], ev["sd"], margin, alpha_runs)
@@ -210,7 +224,7 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
                   if len(both) else {"n_runs": 0, "per_seed": []})
             ev["seeds"] = ",".join(str(int(s)) for s in both.index)
             row.update({k: v for k, v in ev.items() if k in CLAIM_COLUMNS})
-            row["seeds_agree"] = f"{sum(_agrees(comp.expect, d, margin) for d in ev['per_seed'])}/{len(ev['per_seed'])}"
+            row["seeds_agree"] = "{}/{}".format(*stats.sign_consistency(ev["per_seed"], comp.expect, margin))
             aside = _set_aside(claim, comp, both)
             if aside:
                 row["verdict"], row["reason"] = aside
@@ -223,6 +237,7 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
     for i, p_adj in zip(tested, adjusted):
         comp, ev, margin = evidence[i]
         rows[i]["p_adjusted"] = float(p_adj)
+        rows[i].update(_simultaneous(ev["per_seed"], alpha_runs))
         rows[i]["verdict"], rows[i]["reason"], rows[i]["runs_needed"] = _decide(comp.expect, ev, float(p_adj), margin,
                                                                                 alpha_runs)
     frame = pd.DataFrame(rows, columns=CLAIM_COLUMNS)
@@ -243,7 +258,8 @@ def judge_alone(expect: str, cell_values, versus_values, margin: float | None = 
     ev = _evidence(expect, c, v, margin)
     p_adj = min(1.0, ev["p_value"] * n_looks)
     verdict, reason, need = _decide(expect, ev, p_adj, margin, ALPHA / n_looks if runs_needed else None)
-    return {"verdict": verdict, "reason": reason, "runs_needed": need, "p_adjusted": p_adj}
+    return {"verdict": verdict, "reason": reason, "runs_needed": need, "p_adjusted": p_adj,
+            **_simultaneous(ev["per_seed"], ALPHA / n_looks)}
 
 
 def compare_references(study, results: pd.DataFrame) -> pd.DataFrame:
@@ -341,20 +357,31 @@ def claims_latex(frame: pd.DataFrame) -> str:
     if frame.empty:
         return ""
     n_looks = int(frame["looks"].iloc[0]) if "looks" in frame and len(frame) else 1
-    looks_note = (r" $p_\mathrm{adj}$ includes the factor 2 of the two looks at adaptive seeds (Bonferroni)."
-                  if n_looks > 1 else "")
+    looks_note = (r" $p_\mathrm{adj}$ and the intervals include the factor 2 of the two looks at adaptive seeds "
+                  r"(Bonferroni)." if n_looks > 1 else "")
+    m = int(frame["verdict"].isin(TESTED).sum())  # the Holm family (claims.csv: sim_ci_level)
+    level = 1 - ALPHA / max(1, m * n_looks)
+    interval_note = (rf"with its simultaneous Student-$t$ interval over runs (confidence $1-{ALPHA:g}/{m * n_looks}$ = "
+                     rf"{fmt_num(100 * level, 2 if level < 0.999 else 3)}\,\%: Bonferroni over the {m} tested "
+                     "comparisons" + (" and two looks" if n_looks > 1 else "") + ", so that all the intervals hold "
+                     "together, as the verdicts do; none for a comparison set aside)" if m else
+                     "(no interval: every comparison was set aside)")
     lines = [r"{\footnotesize\setlength{\tabcolsep}{3pt}",
-             r"\begin{longtable}{@{}>{\raggedright}p{3.2cm}>{\raggedright}p{1.2cm}>{\raggedright}p{1.0cm}r"
-             r">{\raggedright}p{2.5cm}rc>{\raggedright\arraybackslash}p{2.4cm}@{}}",
+             r"\begin{longtable}{@{}>{\raggedright}p{2.9cm}>{\raggedright}p{1.2cm}>{\raggedright}p{1.0cm}r"
+             r">{\raggedright}p{2.5cm}r>{\raggedleft}p{1.1cm}c>{\raggedright\arraybackslash}p{2.2cm}@{}}",
              r"\caption{Claims tested on this study's training runs, each verdict per task. "
              r"$v\to c$: mean over the runs of the compared-against cell and of the cell; "
-             r"$\Delta=c-v$: mean of the per-seed differences with its 95\,\% Student-$t$ interval over runs; "
+             r"$\Delta=c-v$: mean of the per-seed differences " + interval_note + "; "
              r"$p_\mathrm{adj}$: paired $t$-test over runs (TOST for $\approx$), Holm-corrected over all "
-             r"comparisons of the study." + looks_note + r" Runs: paired runs behind the comparison, and for an "
+             r"comparisons of the study." + looks_note + r" Signs: how many of the paired runs' differences lie on the "
+             r"predicted side (for $\approx$: within the margin), and from 6 runs $p_\pm$, the exact sign-flip "
+             r"permutation $p$ of a zero mean difference (all $2^n$ sign assignments, two-sided, unadjusted): "
+             r"checks without the normality the $t$-test assumes; no verdict rests on them."
+             r" Runs: paired runs behind the comparison, and for an "
              r"unsettled one the runs per cell a paired test would need for 80\,\% power at the observed effect "
              r"and spread.}\label{tab:claims}\\",
-             r"\toprule", r"Comparison ($c$ vs $v$) & Metric & Expect & $v\to c$ & $\Delta$ [95\,\% CI] & "
-             r"$p_\mathrm{adj}$ & Runs & Verdict \\", r"\midrule", r"\endhead", r"\bottomrule", r"\endfoot"]
+             r"\toprule", r"Comparison ($c$ vs $v$) & Metric & Expect & $v\to c$ & $\Delta$ [simult.\ CI] & "
+             r"$p_\mathrm{adj}$ & Signs & Runs & Verdict \\", r"\midrule", r"\endhead", r"\bottomrule", r"\endfoot"]
     for name, group in frame.groupby("claim", sort=False):
         first = group.iloc[0]
         per_task = "; ".join(f"{esc(t)}: \\textbf{{{verdict_tex(g['task_verdict'].iloc[0])}}}"
@@ -364,7 +391,7 @@ def claims_latex(frame: pd.DataFrame) -> str:
         for key, word in (("regime", "Regime"), ("caveat", "Caveat")):
             if isinstance(first.get(key), str) and first[key]:
                 head += rf". \emph{{{word}:}} {esc(first[key])}"
-        lines.append(r"\multicolumn{8}{@{}p{\linewidth}@{}}{\rule{0pt}{2.6ex}" + head + r"}\\*")
+        lines.append(r"\multicolumn{9}{@{}p{\linewidth}@{}}{\rule{0pt}{2.6ex}" + head + r"}\\*")
         for _, r in group.iterrows():
             d = metric_digits(r["metric"], r["versus_value"]) if not _missing(r["versus_value"]) else 2
             expect = {"higher": "higher", "lower": "lower"}.get(r["expect"])
@@ -380,10 +407,26 @@ def claims_latex(frame: pd.DataFrame) -> str:
                 f"{esc(r['task'])}: {esc(r['cell_label'])} vs {esc(r['versus_label'])} & "
                 f"{esc(RUN_METRIC_NAMES.get(r['metric']) or display_name(r['metric']))} & {expect} & "
                 f"{fmt_num(r['versus_value'], d)}$\\to${fmt_num(r['cell_value'], d)} & "
-                f"{_signed(r['delta'], d)} [{_signed(r['ci_lo'], d)}, {_signed(r['ci_hi'], d)}] & "
-                f"{_p(r['p_adjusted'])} & {runs} & {verdict} \\\\")
+                f"{_signed(r['delta'], d)}{_interval(r, d)} & "
+                f"{_p(r['p_adjusted'])} & {_signs(r)} & {runs} & {verdict} \\\\")
     lines += [r"\end{longtable}}"]
     return "\n".join(lines) + "\n"
+
+
+def _signs(r) -> str:
+    """Sign consistency "k/n" and, where there is one, the permutation p under it."""
+    agree = r.get("seeds_agree")
+    text = esc(str(agree)) if isinstance(agree, str) and agree else "--"
+    if not _missing(r.get("p_permutation")):
+        text += r"\newline{\scriptsize $p_\pm$\," + _p(float(r["p_permutation"])) + "}"
+    return text
+
+
+def _interval(r, digits: int) -> str:
+    """The simultaneous interval of a tested comparison (beside its adjusted p), else nothing."""
+    if _missing(r.get("sim_ci_lo")) or _missing(r.get("sim_ci_hi")):
+        return ""
+    return f" [{_signed(r['sim_ci_lo'], digits)}, {_signed(r['sim_ci_hi'], digits)}]"
 
 
 def claims_summary(frame: pd.DataFrame, latex: bool = True) -> str:

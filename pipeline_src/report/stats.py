@@ -13,19 +13,36 @@ Tests (scipy.stats / statsmodels, nothing hand-written):
 
 * directional ("higher" / "lower"): paired t-test of mean(d) = 0, two-sided, with its
   Student-t interval;
-* equivalence ("equal within +-m"): two one-sided t-tests (TOST) for "inside +-m", and the
-  one-sided test of "outside +-m" (the smaller of the two sides, doubled) for the opposite;
-* multiplicity: Holm's step-down over the claim comparisons of a study (family-wise error,
-  valid under any dependence between comparisons, which share baselines), Benjamini-Hochberg
-  over the marks of the tables (false discovery rate: many exploratory marks, a few wrong ones
-  acceptable, a verdict never rests on them);
+* equivalence ("equal within +-m"): two verdicts are possible, so each is tested at alpha / 2
+  and the comparison's p-value is twice the smaller of
+    - the TOST p of "inside +-m" (statsmodels' ttost_paired: both one-sided tests, mean > -m and
+      mean < +m, must reject, so its p is the larger of the two), and
+    - the one-sided p of "beyond +-m" (mean > +m or mean < -m, whichever side the data are on).
+  In interval terms: "equivalent" when the (1 - alpha) Student-t interval lies inside +-m,
+  "different" when it lies entirely beyond +m or -m. At a true difference of exactly +-m both
+  verdicts are wrong, and together they happen at most alpha of the time; testing each at alpha
+  (the usual TOST level) would allow up to 1.5 alpha there;
+* multiplicity: Holm's step-down (statsmodels' multipletests) over the claim comparisons of a
+  study (family-wise error, valid under any dependence between comparisons, which share
+  baselines), beside simultaneous intervals (report/claims.py: Student-t at confidence
+  1 - alpha/m over the same family, Bonferroni, so that they hold together as the verdicts do;
+  an interval that excludes a value is a rejection at Holm's strictest step),
+  Benjamini-Hochberg over the marks of the tables (false discovery rate: many exploratory
+  marks, a few wrong ones acceptable, a verdict never rests on them), counting each distinct
+  comparison once (aggregate stage: a word perplexity repeats its token perplexity's test);
+* beside a paired t-test, two checks that do not assume normal differences and decide nothing:
+  the sign consistency (how many of the n differences lie on the predicted side) and, from
+  MIN_PERMUTATION_RUNS to MAX_PERMUTATION_RUNS runs, the exact sign-flip permutation p-value
+  (all 2^n sign assignments of the differences, two-sided on their mean; below 6 runs its
+  smallest possible value, 2/2^n, is above 0.05);
 * sequential seeds (params `seeds: {min, max}`): a comparison may be looked at twice, after
   `min` runs and after `max`; each look is tested at alpha / looks (Bonferroni over looks),
   which bounds the error rate whatever rule decides to continue, because the second look's
   sample size is fixed at `max`;
 * power: the runs a paired t-test (or TOST) needs for 80 % power at the observed mean and
   standard deviation of d, at the Bonferroni level alpha / (comparisons x looks) (Holm's
-  strictest step).
+  strictest step): the smallest n whose power, evaluated at every n up to MAX_RUNS_REPORTED,
+  reaches 80 %.
 
 Below MIN_RUNS paired runs there is no verdict ("too few runs"): a paired t-test exists from
 n = 2, but with one degree of freedom its 95 % interval is +-12.7 standard errors and its
@@ -41,6 +58,8 @@ ALPHA = 0.05
 MIN_RUNS = 3
 POWER = 0.8
 MAX_RUNS_REPORTED = 1000  # "more than this" beyond it
+MIN_PERMUTATION_RUNS = 6  # 2/2^6 = 0.031: the first n at which the permutation test can reject at 0.05
+MAX_PERMUTATION_RUNS = 16  # 65,536 sign assignments (~0.3 s); 20 runs would take seconds per comparison
 
 
 def _finite(x) -> bool:
@@ -69,36 +88,72 @@ def paired_t(deltas, confidence: float = 0.95) -> dict:
     return out
 
 
-def equivalence(deltas, margin: float) -> dict:
-    """TOST for |mean(d)| < margin ("p_inside") and the test of |mean(d)| > margin ("p_outside":
-    the more extreme one-sided test beyond +-margin, doubled)."""
+def equivalence(cell, versus, margin: float) -> dict:
+    """"Equal within +-margin" on paired runs (cell[i], versus[i]: the same seed), see the module
+    doc: p_inside, the TOST p of |mean(d)| < margin (statsmodels' ttost_paired, the larger of
+    its two one-sided p-values); p_outside, the one-sided p of |mean(d)| > margin on the side
+    the data are on, doubled; p, the comparison's p-value (each verdict at alpha / 2): twice the
+    smaller of p_inside and the undoubled p_outside, capped at 1; side, the verdict p is about
+    ("inside" or "outside")."""
+    from scipy import stats
+    from statsmodels.stats.weightstats import ttost_paired
+
+    c, v = np.asarray(cell, dtype=np.float64), np.asarray(versus, dtype=np.float64)
+    d = c - v
+    if len(d) < 2:
+        return {"p_inside": float("nan"), "p_outside": float("nan"), "p": float("nan"), "side": ""}
+    if float(d.std(ddof=1)) == 0.0:  # no spread: the mean is known exactly
+        mean = abs(float(d.mean()))
+        p_in, p_beyond = (0.0, 1.0) if mean < margin else (1.0, 1.0) if mean == margin else (1.0, 0.0)
+    else:
+        p_in = float(ttost_paired(c, v, -margin, margin)[0])
+        p_beyond = float(min(stats.ttest_1samp(d, margin, alternative="greater").pvalue,   # mean > +m
+                             stats.ttest_1samp(d, -margin, alternative="less").pvalue))  # mean < -m
+    return {"p_inside": p_in, "p_outside": min(1.0, 2 * p_beyond), "p": min(1.0, 2 * min(p_in, p_beyond)),
+            "side": "inside" if p_in <= p_beyond else "outside"}
+
+
+def sign_consistency(deltas, expect: str, margin: float | None = None) -> tuple[int, int]:
+    """(k, n): how many of the n per-seed differences lie on the predicted side (above 0 for
+    "higher", below 0 for "lower", within +-margin for "equal")."""
+    d = np.asarray(deltas, dtype=np.float64)
+    if expect == "equal":
+        k = int((np.abs(d) <= margin).sum())
+    else:
+        k = int((d > 0).sum() if expect == "higher" else (d < 0).sum())
+    return k, len(d)
+
+
+def sign_flip_p(deltas) -> float:
+    """Exact sign-flip permutation p-value of mean(d) = 0, two-sided (scipy's permutation_test
+    over all 2^n sign assignments of the differences): valid without normality when the
+    differences are symmetric about 0 under the null. NaN below MIN_PERMUTATION_RUNS runs (it
+    could not reject at 0.05) and above MAX_PERMUTATION_RUNS (too many assignments to enumerate)."""
     from scipy import stats
 
     d = np.asarray(deltas, dtype=np.float64)
-    if len(d) < 2:
-        return {"p_inside": float("nan"), "p_outside": float("nan")}
-    if float(d.std(ddof=1)) == 0.0:
-        inside = abs(float(d.mean())) < margin
-        return {"p_inside": 0.0 if inside else 1.0, "p_outside": 1.0 if inside or abs(d.mean()) == margin else 0.0}
-    above_low = stats.ttest_1samp(d, -margin, alternative="greater").pvalue   # mean > -m
-    below_high = stats.ttest_1samp(d, margin, alternative="less").pvalue      # mean < +m
-    beyond_high = stats.ttest_1samp(d, margin, alternative="greater").pvalue  # mean > +m
-    beyond_low = stats.ttest_1samp(d, -margin, alternative="less").pvalue     # mean < -m
-    return {"p_inside": float(max(above_low, below_high)),
-            "p_outside": float(min(1.0, 2 * min(beyond_high, beyond_low)))}
+    if not MIN_PERMUTATION_RUNS <= len(d) <= MAX_PERMUTATION_RUNS or not np.isfinite(d).all():
+        return float("nan")
+    res = stats.permutation_test((d,), np.mean, permutation_type="samples", n_resamples=np.inf,
+                                 alternative="two-sided", vectorized=True, axis=-1)
+    return float(res.pvalue)
 
 
 def holm(pvalues) -> np.ndarray:
-    """Holm-adjusted p-values (Holm 1979: the i-th smallest of m times m - i + 1, made monotone,
-    capped at 1); NaN entries stay NaN and do not count as tests. (statsmodels' multipletests
-    gives the same numbers but runs a full garbage collection on every call.)"""
+    """Holm-adjusted p-values (statsmodels' multipletests, method "holm"); NaN entries stay NaN
+    and do not count as tests."""
+    from statsmodels.stats.multitest import multipletests
+
     p = np.asarray(pvalues, dtype=np.float64)
     out = np.full(p.shape, np.nan)
-    ok = np.flatnonzero(~np.isnan(p))
-    if len(ok):
-        order = ok[np.argsort(p[ok], kind="stable")]
-        m = len(order)
-        out[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * np.arange(m, 0, -1)))
+    ok = ~np.isnan(p)
+    if ok.sum() == 1:
+        # One test: nothing to adjust. multipletests' Holm branch also runs a full garbage
+        # collection on every call (~0.1 s in a process holding torch), which the calibration
+        # test's thousands of one-comparison studies would pay for nothing.
+        out[ok] = p[ok]
+    elif ok.any():
+        out[ok] = multipletests(p[ok], method="holm")[1]
     return out
 
 
@@ -116,9 +171,18 @@ def benjamini_hochberg(pvalues) -> np.ndarray:
 
 
 def runs_needed(mean: float, sd: float, alpha: float, power: float = POWER) -> float:
-    """Paired runs for a two-sided paired t-test at `alpha` to reach `power` when the true mean
-    difference and its run-to-run standard deviation are the observed ones. inf when no
-    difference was seen; MIN_RUNS at least."""
+    """Paired runs for a two-sided paired t-test at `alpha` to reach `power` of a significant
+    result on the observed effect's side, when the true mean difference and its run-to-run
+    standard deviation are the observed ones. inf when no difference was seen or more than
+    MAX_RUNS_REPORTED runs would be needed; MIN_RUNS at least.
+
+    The power is evaluated at every n from 2 (statsmodels' TTestPower, the rejection region on
+    the effect's side: alternative "larger" at alpha / 2) and the smallest n that reaches
+    `power` is returned, rather than asking TTestPower's root finder: scipy's non-central t
+    returns NaN for the far tail on the other side at large effects, which makes the solver
+    fail (or converge to a wrong n) for some effects and not for larger ones. That tail is a
+    significant result of the wrong sign - not the effect found - and is below alpha / 2 anyway.
+    Power grows with the effect at every n, so the answer never grows with the effect."""
     from statsmodels.stats.power import TTestPower
 
     if not (_finite(mean) and _finite(sd)):
@@ -128,33 +192,33 @@ def runs_needed(mean: float, sd: float, alpha: float, power: float = POWER) -> f
     effect = abs(mean) / sd
     if effect < 1e-6:
         return math.inf
-    try:
-        n = TTestPower().solve_power(effect_size=effect, alpha=alpha, power=power, alternative="two-sided")
-    except Exception:  # the solver fails far outside the range where a study could help
+    n = np.arange(2, MAX_RUNS_REPORTED + 1)
+    reached = np.flatnonzero(TTestPower().power(effect_size=effect, nobs=n, alpha=alpha / 2,
+                                                alternative="larger") >= power)
+    if not len(reached):
         return math.inf
-    n = float(np.atleast_1d(n)[0])
-    if not math.isfinite(n) or n > MAX_RUNS_REPORTED:
-        return math.inf
-    return float(max(MIN_RUNS, math.ceil(n)))
+    return float(max(MIN_RUNS, n[reached[0]]))
 
 
-def tost_power(n: int, mean: float, sd: float, margin: float, alpha: float) -> float:
-    """Power of TOST at `alpha` with n paired runs, true mean difference `mean`, sd `sd`."""
+def tost_power(n, mean: float, sd: float, margin: float, alpha: float):
+    """Power of TOST at `alpha` (each one-sided test at alpha) with n paired runs (a number or an
+    array), true mean difference `mean`, sd `sd`."""
     from scipy import stats
 
-    if n < 2:
-        return 0.0
-    df, se = n - 1, sd / math.sqrt(n)
+    n = np.asarray(n, dtype=np.float64)
+    df, se = np.maximum(n - 1, 1), sd / np.sqrt(np.maximum(n, 1))
     crit = stats.t.ppf(1 - alpha, df)
     # Both one-sided tests must reject; the usual approximation adds the two rejection
     # probabilities of the non-central t and subtracts one.
     p1 = stats.nct.sf(crit, df, (margin + mean) / se)
     p2 = stats.nct.sf(crit, df, (margin - mean) / se)
-    return float(max(0.0, p1 + p2 - 1))
+    out = np.where(n < 2, 0.0, np.maximum(0.0, p1 + p2 - 1))
+    return float(out) if out.ndim == 0 else out
 
 
 def runs_needed_equivalence(mean: float, sd: float, margin: float, alpha: float, power: float = POWER) -> float:
-    """Paired runs for TOST to show |difference| < margin with `power`, at the observed mean and
+    """Paired runs for an "equal within +-margin" comparison's p-value (equivalence(): twice the
+    TOST p) to fall below `alpha` with `power`, i.e. TOST at alpha / 2, at the observed mean and
     sd. inf when the observed mean is at or beyond the margin."""
     if not (_finite(mean) and _finite(sd)):
         return float("nan")
@@ -162,10 +226,9 @@ def runs_needed_equivalence(mean: float, sd: float, margin: float, alpha: float,
         return math.inf
     if sd == 0.0:
         return float(MIN_RUNS)
-    for n in range(MIN_RUNS, MAX_RUNS_REPORTED + 1):
-        if tost_power(n, mean, sd, margin, alpha) >= power:
-            return float(n)
-    return math.inf
+    n = np.arange(MIN_RUNS, MAX_RUNS_REPORTED + 1)
+    reached = np.flatnonzero(tost_power(n, mean, sd, margin, alpha / 2) >= power)
+    return float(n[reached[0]]) if len(reached) else math.inf
 
 
 def fmt_runs(n: float) -> str:

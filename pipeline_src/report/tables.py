@@ -13,9 +13,9 @@
   cost.tex              training cost per task x cell
 
 Conventions in every table: mean +- sample std over runs; \\dag q < 0.05 and \\ddag q < 0.01
-against the task's baseline (seed-level paired t, Benjamini-Hochberg; significance.csv's "runs"
-rows); the best non-leaking value of a column in bold; cells that leak the future marked \\S and
-never bolded; cells with a run that failed to train marked with a cross.
+against the task's baseline (seed-level paired t, Benjamini-Hochberg over distinct comparisons;
+significance.csv's "runs" rows); the best non-leaking value of a column in bold; cells that leak
+the future marked \\S and never bolded; cells with a run that failed to train marked with a cross.
 Fragments need booktabs, graphicx, array and (for filtering/cells/cost) longtable in the preamble.
 Every string from the params file or data is LaTeX-escaped.
 """
