@@ -95,7 +95,8 @@ def lm_nll(model, stream: np.ndarray, line_ends: np.ndarray, seq_len: int, rows:
             token_nll[starts[w] + 1 + lo: starts[w] + 1 + hi] = loss[row, lo:hi]
             context[starts[w] + 1 + lo: starts[w] + 1 + hi] = np.arange(lo + 1, hi + 1)
     if len(stream) > 1 and not context[1:].all():
-        raise StageError(f"lm_nll: {int((context[1:] == 0).sum())} tokens left unscored (window {seq_len}, stride {stride})")
+        raise StageError(f"lm_nll: {int((context[1:] == 0).sum())} tokens left unscored "
+                         f"(window {seq_len}, stride {stride})")
     bounds = np.concatenate([[1], line_ends])  # token 0 is the context EOS, never predicted
     per_line = np.add.reduceat(token_nll, bounds[:-1]) if len(line_ends) else np.zeros(0)
     mean_context = float(context[1:].mean()) if len(stream) > 1 else float("nan")
