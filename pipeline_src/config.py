@@ -109,6 +109,14 @@ class EvalConfig:
     # graphs = static with the decoder step replayed as a CUDA graph (CUDA only, else static);
     # auto = host (static and graphs are tested on CPU but not yet measured on a GPU).
     decoding: str = "auto"
+    # lm tasks: perplexity is scored in windows of train.lm_seq_len tokens advanced by lm_stride
+    # tokens, each window scoring only the tokens no earlier one scored (evaluate.lm_score_windows):
+    # after the first window every token is predicted from at least lm_seq_len - lm_stride + 1
+    # tokens. Non-overlapping windows (lm_stride = lm_seq_len) give a token half a window on
+    # average: a higher perplexity than published ones, and short-context predictions weigh in
+    # every comparison of positional encodings.
+    # null: lm_seq_len // 2 (resolved per cell, as the cell's lm_seq_len may differ).
+    lm_stride: int | None = None
 
 
 @dataclass(frozen=True)
@@ -481,12 +489,30 @@ def _resolve_cell(study: Study, task_name: str, cell_name: str) -> CellConfig:
     for key in ("betas", "lr_grid"):
         if train.get(key) is not None:
             train[key] = tuple(train[key])
+    train_cfg = TrainConfig(**train)
     ev = _merge(task.eval, cell.get("eval", {}))
+    key = (f"{study.path}: {where}: eval.lm_stride" if "lm_stride" in cell.get("eval", {})
+           else f"{study.path}: tasks.{task.source or task_name}.eval.lm_stride (cell {cell_name})")
+    ev["lm_stride"] = _lm_stride(ev.get("lm_stride"), task.kind, train_cfg.lm_seq_len, key)
     fv, tv, _, _ = _data_variant(study, task_name, cell_name)
     return CellConfig(
         task=task_name, kind=task.kind, cell=cell_name, family=cell["family"],
         label=cell.get("label", cell_name), model=model,
-        train=TrainConfig(**train), eval=EvalConfig(**ev), fv=fv, tv=tv)
+        train=train_cfg, eval=EvalConfig(**ev), fv=fv, tv=tv)
+
+
+def _lm_stride(stride: int | None, kind: str, window: int, key: str) -> int | None:
+    """eval.lm_stride as the cell evaluates with it (None for a task that is not lm)."""
+    if kind != "lm":
+        if stride is not None:
+            raise ConfigError(f"{key}: only applies to a language-modelling (kind: lm) task, this one is {kind}")
+        return None
+    if stride is None:
+        return max(1, window // 2)
+    if isinstance(stride, bool) or not isinstance(stride, int) or not 1 <= stride <= window:
+        raise ConfigError(f"{key}: {stride!r} must be a whole number of tokens from 1 to train.lm_seq_len {window} "
+                          f"(the window it advances; {window} = non-overlapping windows)")
+    return stride
 
 
 def _screening(raw: dict, tasks: dict, cells: dict, where: str, sweeps: dict[str, list[str]]):

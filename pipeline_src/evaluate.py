@@ -1,14 +1,17 @@
 """Evaluate one trained task x cell x seed.
 
 Perplexity on validation and test, per token and per word (per word is the one comparable across
-tokenizers, see report.TOKEN_LEVEL; for language modelling it also compares with published
-PTB/WikiText figures: the NLL covers every line of the split,
-blank lines and WikiText headings included, each line's <eos> too, and is divided by the split's
-word count as that work counts it, from the raw rows: every whitespace token plus one <eos> per
-line; PTB test 82,430, WikiText-2 test 245,569; see data.lm_word_count). Translation: beam search on the test set,
-SentencePiece detokenization, BLEU and chrF with sacrebleu (signatures saved). Summarisation:
-ROUGE-1/2/Lsum F1 with rouge-score and bootstrap 95 % intervals, beside the lead-3 baseline on
-the same articles. Per-example NLLs and scores are saved for the aggregate stage's paired tests.
+tokenizers, see report.TOKEN_LEVEL). Language modelling: the split's token stream is scored with
+a sliding window of train.lm_seq_len tokens advanced by eval.lm_stride tokens, each token once,
+and after the first window from at least lm_seq_len - lm_stride + 1 tokens of context
+(lm_score_windows); per word it compares with published PTB/WikiText figures: the NLL covers
+every line of the split, blank lines and WikiText headings included, each line's <eos> too, and
+is divided by the split's word count as that work counts it (from the raw rows: every whitespace
+token plus one <eos> per line; PTB test 82,430, WikiText-2 test 245,569; see data.lm_word_count).
+Translation: beam search on the test set, SentencePiece detokenization, BLEU and chrF with
+sacrebleu (signatures saved). Summarisation: ROUGE-1/2/Lsum F1 with rouge-score and bootstrap
+95 % intervals, beside the lead-3 baseline on the same articles. Per-example NLLs and scores are
+saved for the aggregate stage's paired tests.
 """
 from __future__ import annotations
 
@@ -48,16 +51,39 @@ def seq2seq_nll(model, data: batching.Seq2SeqData, arch: str, batch_tokens: int,
     return nll, tokens
 
 
+def lm_score_windows(n_targets: int, window: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sliding-window scoring of a stream of n_targets + 1 tokens whose tokens 1..n_targets are
+    predicted (token 0 is context only): (start of each window, first scored offset in it).
+
+    Window k reads tokens starts[k] .. starts[k] + window - 1 (fewer at the end of the stream) and
+    predicts the token after each; the prediction at offset j sees j + 1 tokens. The first window
+    scores all of its predictions; every later one, `stride` tokens further, only its last
+    `stride` ones (offsets window - stride .. window - 1), which no earlier window scored. So every
+    token is scored exactly once and, after the first window, from at least window - stride + 1
+    tokens. stride == window: the non-overlapping windows (batching.lm_windows), token for token."""
+    later = max(0, (n_targets - window - 1) // stride + 1)  # windows after the first
+    starts = np.arange(later + 1, dtype=np.int64) * stride
+    first_scored = np.full(later + 1, window - stride, dtype=np.int64)
+    first_scored[0] = 0
+    return starts, first_scored
+
+
 @torch.no_grad()
-def lm_nll(model, stream: np.ndarray, line_ends: np.ndarray, seq_len: int, rows: int, device, precision: str):
-    """Per-line summed NLL and token count (the line's BPE tokens + its EOS) over the token stream.
+def lm_nll(model, stream: np.ndarray, line_ends: np.ndarray, seq_len: int, rows: int, device, precision: str,
+           stride: int | None = None):
+    """Per-line summed NLL and token count (the line's BPE tokens + its EOS) over the token stream,
+    scored in windows of seq_len tokens advanced by `stride` (default seq_len: non-overlapping;
+    see lm_score_windows), `rows` windows a batch; also the mean context of the scored tokens (the
+    tokens each prediction sees).
 
     An EOS is put before the stream as context, as if a line had just ended, so that every token
     of the split is predicted exactly once (the first one too), with up to seq_len tokens of context."""
+    stride = seq_len if stride is None else stride
     stream = np.concatenate([[EOS], stream])
     line_ends = line_ends + 1
     token_nll = np.zeros(len(stream))
-    starts = batching.lm_windows(stream, seq_len)
+    context = np.zeros(len(stream), dtype=np.int64)  # stays 0 where a token went unscored
+    starts, first_scored = lm_score_windows(len(stream) - 1, seq_len, stride)
     for idx in batching.lm_batches(len(starts), rows, seed=None):
         batch = batching.to_device(batching.collate_lm(stream, starts, idx, seq_len), device)
         with autocast(device, precision):
@@ -65,11 +91,16 @@ def lm_nll(model, stream: np.ndarray, line_ends: np.ndarray, seq_len: int, rows:
         loss = F.cross_entropy(logits.float().transpose(1, 2), batch["tgt_out"], ignore_index=PAD, reduction="none")
         loss = loss.double().cpu().numpy()
         for row, w in enumerate(idx):
-            n = min(seq_len, len(stream) - 1 - starts[w])
-            token_nll[starts[w] + 1: starts[w] + 1 + n] = loss[row, :n]
+            lo, hi = first_scored[w], min(seq_len, len(stream) - 1 - starts[w])
+            token_nll[starts[w] + 1 + lo: starts[w] + 1 + hi] = loss[row, lo:hi]
+            context[starts[w] + 1 + lo: starts[w] + 1 + hi] = np.arange(lo + 1, hi + 1)
+    if len(stream) > 1 and not context[1:].all():
+        raise StageError(f"lm_nll: {int((context[1:] == 0).sum())} tokens left unscored "
+                         f"(window {seq_len}, stride {stride})")
     bounds = np.concatenate([[1], line_ends])  # token 0 is the context EOS, never predicted
     per_line = np.add.reduceat(token_nll, bounds[:-1]) if len(line_ends) else np.zeros(0)
-    return per_line, np.diff(bounds)
+    mean_context = float(context[1:].mean()) if len(stream) > 1 else float("nan")
+    return per_line, np.diff(bounds), mean_context
 
 
 def _word_denominator(study: Study, task: str, split: str, lines: int, words_read: int,
@@ -176,10 +207,15 @@ def lm_evaluation(study: Study, task: str, cell_name: str, seed: int, model, sp,
     t = cell.train
     result, per_example = {}, []
     rows = max(1, t.batch_tokens // t.lm_seq_len)
+    stride = cell.eval.lm_stride
+    # What the perplexities were scored with: written beside the metrics, not among them, because
+    # they are settings, not results, which no claim or significance test may compare across cells.
+    lm_eval = {"lm_window": t.lm_seq_len, "lm_stride": stride}
     test_lines: list = []
     for split in ("validation", "test"):
         stream, ends = batching.load_lm_stream(bpe_dir, split)
-        nll, count = lm_nll(model, stream, ends, t.lm_seq_len, rows, device, t.precision)
+        nll, count, mean_context = lm_nll(model, stream, ends, t.lm_seq_len, rows, device, t.precision, stride)
+        lm_eval["lm_mean_context" if split == "test" else "lm_mean_context_val"] = mean_context
         lines = _references(study, task, split, bpe_dir, cell_name)["text"]
         line_words = [len(str(x).split()) + 1 for x in lines]
         words = _word_denominator(study, task, split, len(ends), sum(line_words), cell_name)
@@ -192,6 +228,7 @@ def lm_evaluation(study: Study, task: str, cell_name: str, seed: int, model, sp,
                         for i, (a, b, w) in enumerate(zip(nll, count, line_words))]
         test_lines = lines
     samples = [] if cell.leaks_future else _lm_samples(model, sp, test_lines, cell.eval.n_samples, device)
+    result["lm_eval"] = lm_eval
     return result, per_example, samples, {}
 
 
@@ -255,8 +292,9 @@ def _summary_scores(hyps: list[str], refs: list[str], srcs: list[str], n_boot: i
 
 def write_outputs(study: Study, task: str, cell_name: str, seed: int, model, device, meta: dict, result: dict,
                   per_example: list[dict], samples: list[dict], files: dict[str, str]) -> None:
-    """outputs/ (per-example NLLs and the decoded files), eval_metrics.json (numbers only) and
-    eval_info.json (identity, metric signatures, samples, provenance)."""
+    """outputs/ (per-example NLLs and the decoded files), eval_metrics.json (numbers only: the
+    metrics, and for lm the window, stride and mean context they were scored with, in `lm_eval`
+    beside them) and eval_info.json (identity, metric signatures, samples, provenance)."""
     cell = study.cell(task, cell_name)
     wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
     with atomic_dir(Path(output_path("evaluate", "outputs", **wc))) as tmp:
@@ -265,9 +303,10 @@ def write_outputs(study: Study, task: str, cell_name: str, seed: int, model, dev
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
     signatures = {k: result.pop(k) for k in [k for k in result if k.endswith("_signature")]}
+    lm_eval = result.pop("lm_eval", None)
     atomic_write_json(Path(output_path("evaluate", "metrics", **wc)), {
         "metrics": result, "n_test": int(sum(p["split"] == "test" for p in per_example)),
-        "checkpoint_step": meta.get("step")})
+        "checkpoint_step": meta.get("step"), **({"lm_eval": lm_eval} if lm_eval else {})})
     atomic_write_json(Path(output_path("evaluate", "info", **wc)), {
         "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
         "leaks_future": cell.leaks_future, "signatures": signatures, "samples": samples,

@@ -15,7 +15,8 @@ name. Where every fact matches, identical bytes are expected, and a figure may m
 its same-machine tolerance:
 
   BLEU +-0.3, chrF +-0.5, ROUGE +-0.5 (points); perplexities +-1 % (relative); losses +-0.01 (nats, ~1 %
-  of perplexity); counts (parameters, FLOPs per token, steps, tokens, test sentences, words): exact.
+  of perplexity); counts (parameters, FLOPs per token, steps, tokens, test sentences, words, and the
+  window and stride a language model's perplexity was scored with): exact.
 
 Elsewhere (or where the reference does not record a fact) the same run is computed with other
 kernels, and its numbers are another draw of the run-to-run noise the study's seeds show: a
@@ -47,7 +48,8 @@ from .paths import output_path
 ABSOLUTE = {"bleu": 0.3, "chrf": 0.5, "rouge1": 0.5, "rouge2": 0.5, "rougeLsum": 0.5}
 RELATIVE_PPL = 0.01
 LOSS_NATS = 0.01
-EXACT = ("n_params", "flops_per_token", "steps", "epochs", "train_tokens", "n_test", "val_words", "test_words")
+EXACT = ("n_params", "flops_per_token", "steps", "epochs", "train_tokens", "n_test", "val_words", "test_words",
+         "lm_window", "lm_stride")
 NOT_COMPARED = ("best_step", "checkpoint_step")  # where the best validation fell: reported, not a result
 SEED_SPREAD = 3.0
 # No tolerance reaches this share of the reference figure, so that a zero never passes.
@@ -66,6 +68,15 @@ def _figures(run_dir: Path) -> dict[str, float]:
     figures = {k: v for k, v in train.items()}
     figures.update({k: v for k, v in evaluation["metrics"].items() if isinstance(v, (int, float))})
     figures["n_test"] = evaluation["n_test"]
+    # The perplexity's window and stride (settings, but a changed stride moves the perplexity, and
+    # this line says why); the mean context they give is not compared: it follows from them.
+    lm = evaluation.get("lm_eval")
+    if lm is None:
+        info = json.loads((run_dir / "train_info.json").read_text())
+        if info.get("kind") == "lm":  # evaluated before lm_eval was written: non-overlapping windows
+            window = info["config"]["train"]["lm_seq_len"]
+            lm = {"lm_window": window, "lm_stride": window}
+    figures.update({k: lm[k] for k in ("lm_window", "lm_stride") if lm and k in lm})
     return figures
 
 

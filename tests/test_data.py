@@ -1,4 +1,5 @@
-"""Data stages: download (mirror / generator / Hub errors), filter, SentencePiece BPE, tokens.
+"""Data stages: download (mirror / generator / Hub errors), filter, SentencePiece BPE, tokens;
+and the language-model evaluation they feed: per-word denominators, sliding-window perplexity.
 
 Every test builds a tiny mirror (<mirror>/<dataset>/<split>.jsonl.gz) and params file in
 tmp_path and runs the stages in-process with tmp_path as the working directory (stage outputs
@@ -900,6 +901,11 @@ def test_ptb_style_denominator(tmp_path, monkeypatch):
     ev, _ = _run_lm(tmp_path, splits, "plain", {"dedup": False, "sample_size": 30}, expected={"test": want},
                     vocab=60, field="sentence")
     _assert_denominator(ev, "test", want, next((tmp_path / "data/toy/bpe/lm/default").iterdir()))
+    # scored with windows of lm_seq_len 16 advanced by the default half window, recorded beside the metrics
+    n = int(ev["per_example"].query("split == 'test'")["tokens"].sum())
+    assert ev["lm_eval"] == {"lm_window": 16, "lm_stride": 8, "lm_mean_context_val": ev["lm_eval"]["lm_mean_context_val"],
+                             "lm_mean_context": pytest.approx(np.mean([p - _scoring_window(p, 16, 8) for p in range(1, n + 1)]))}
+    assert n > 16 and not [k for k in ev["metrics"] if k.startswith("lm_")]
 
 
 def test_plain_text_denominator(tmp_path, monkeypatch):
@@ -938,3 +944,179 @@ def test_report_table_states_the_word_denominator():
 
     assert "82,430 words" in _word_note(pd.DataFrame({"test_words_mean": [82430.0, 82430.0]}))
     assert "words:" not in _word_note(pd.DataFrame({"test_ppl_mean": [1.0]}))  # older metrics: no number invented
+
+
+# --------------------------------------------------------------------------- sliding-window perplexity
+# evaluate.lm_nll scores the stream in windows of lm_seq_len tokens advanced by eval.lm_stride.
+
+def _lm_stream(n_lines: int, seed: int, vocab: int = 23) -> tuple[np.ndarray, np.ndarray]:
+    """A token stream as batching.load_lm_stream makes it (EOS closing every line) and its line ends."""
+    rng = np.random.default_rng(seed)
+    lines = [rng.integers(EOS + 1, vocab, int(rng.integers(0, 9))).tolist() for _ in range(n_lines)]
+    stream = np.array([t for x in lines for t in x + [EOS]], dtype=np.int64)
+    return stream, np.cumsum([len(x) + 1 for x in lines])
+
+
+def _tiny_decoder(seed: int = 0, vocab: int = 23):
+    import torch
+    from pipeline_src.model import ModelConfig, Transformer
+
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(vocab_size=vocab, arch="decoder_only", d_model=16, n_heads=2, dec_layers=2, d_ff=32,
+                                   dropout=0.0, max_len=64, attention_impl="sdpa")).eval()
+
+
+def _non_overlapping_nll(model, stream, line_ends, seq_len: int, rows: int) -> np.ndarray:
+    """The evaluation before sliding windows, as it was written: windows of seq_len tokens side by
+    side, each scoring all of its predictions."""
+    import torch
+    import torch.nn.functional as F
+    from pipeline_src import batching
+
+    stream = np.concatenate([[EOS], stream])
+    token_nll = np.zeros(len(stream))
+    starts = batching.lm_windows(stream, seq_len)
+    with torch.no_grad():
+        for idx in batching.lm_batches(len(starts), rows, seed=None):
+            batch = batching.collate_lm(stream, starts, idx, seq_len)
+            logits = model(None, batch["tgt_in"])
+            loss = F.cross_entropy(logits.float().transpose(1, 2), batch["tgt_out"], ignore_index=PAD,
+                                   reduction="none").double().numpy()
+            for row, w in enumerate(idx):
+                n = min(seq_len, len(stream) - 1 - starts[w])
+                token_nll[starts[w] + 1: starts[w] + 1 + n] = loss[row, :n]
+    bounds = np.concatenate([[1], line_ends + 1])
+    return np.add.reduceat(token_nll, bounds[:-1])
+
+
+def _scoring_window(p: int, window: int, stride: int) -> int:
+    """Start of the window that scores stream token p >= 1, from the rule itself: the first window
+    scores tokens 1..window, window k >= 1 (start k * stride) the `stride` tokens after those."""
+    return 0 if p <= window else -(-(p - window) // stride) * stride
+
+
+def test_stride_equal_to_the_window_is_the_non_overlapping_evaluation_bit_for_bit():
+    import torch
+    from pipeline_src.evaluate import lm_nll
+
+    model = _tiny_decoder()
+    cpu = torch.device("cpu")
+    stream, ends = _lm_stream(40, seed=1)
+    assert len(stream) % 16  # a final partial window
+    for seq_len, rows in ((16, 1), (16, 3), (7, 4)):
+        old = _non_overlapping_nll(model, stream, ends, seq_len, rows)
+        for stride in (None, seq_len):
+            nll, count, mean_context = lm_nll(model, stream, ends, seq_len, rows, cpu, "fp32", stride)
+            assert np.array_equal(nll, old) and count.sum() == len(stream)
+            # every window but the last full: context 1..seq_len, on average (seq_len + 1) / 2 per token
+            full, rest = divmod(len(stream), seq_len)
+            want = (full * seq_len * (seq_len + 1) / 2 + rest * (rest + 1) / 2) / len(stream)
+            assert mean_context == pytest.approx(want)
+    # and token for token: each window by itself, summed
+    direct = np.zeros(len(stream) + 1)
+    full = np.concatenate([[EOS], stream])
+    with torch.no_grad():
+        for start in range(0, len(stream), 16):
+            window = torch.tensor(full[start: start + 17])[None]
+            logp = torch.log_softmax(model(None, window[:, :-1]).float(), -1)[0]
+            direct[start + 1: start + window.size(1)] = -logp.gather(1, window[0, 1:, None])[:, 0].double().numpy()
+    per_line = np.add.reduceat(direct, np.concatenate([[1], ends + 1])[:-1])
+    nll, _, _ = lm_nll(model, stream, ends, 16, 1, cpu, "fp32", 16)
+    np.testing.assert_allclose(nll, per_line, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n, window, stride", [(0, 4, 2), (1, 4, 2), (4, 4, 1), (5, 4, 4), (37, 8, 3), (40, 8, 8),
+                                               (41, 8, 5), (100, 16, 1), (100, 16, 16), (17, 16, 15), (33, 16, 8)])
+def test_every_token_is_scored_exactly_once(n, window, stride):
+    from pipeline_src.evaluate import lm_score_windows
+
+    starts, first = lm_score_windows(n, window, stride)
+    times, context = np.zeros(n + 1, dtype=int), np.zeros(n + 1, dtype=int)
+    for start, lo in zip(starts, first):
+        hi = min(window, n - start)
+        assert hi > lo or n == 0, (start, lo, hi)  # no window that scores nothing
+        times[start + 1 + lo: start + 1 + hi] += 1
+        context[start + 1 + lo: start + 1 + hi] = np.arange(lo + 1, hi + 1)
+    assert times[0] == 0 and (times[1:] == 1).all()
+    for p in range(1, n + 1):  # scored by the window the rule names, with the context that window gives
+        assert context[p] == p - _scoring_window(p, window, stride)
+        assert context[p] >= (window - stride + 1 if p > window else p)
+
+
+def test_sliding_windows_score_each_token_with_its_windows_context():
+    """stride < window: each token's NLL is that of the model run on the window that scores it."""
+    import torch
+    from pipeline_src.evaluate import lm_nll
+
+    model = _tiny_decoder(seed=2)
+    stream, ends = _lm_stream(30, seed=3)
+    full = np.concatenate([[EOS], stream])
+    window, stride = 12, 5
+    want = np.zeros(len(full))
+    with torch.no_grad():
+        for p in range(1, len(full)):
+            start = _scoring_window(p, window, stride)
+            ids = torch.tensor(full[start: min(start + window, len(full) - 1)])[None]
+            logp = torch.log_softmax(model(None, ids).float(), -1)[0, p - 1 - start]
+            want[p] = -float(logp[full[p]])
+    nll, count, mean_context = lm_nll(model, stream, ends, window, 4, torch.device("cpu"), "fp32", stride)
+    np.testing.assert_allclose(nll, np.add.reduceat(want, np.concatenate([[1], ends + 1])[:-1]), rtol=1e-5)
+    assert count.sum() == len(stream)
+    assert mean_context == pytest.approx(np.mean([p - _scoring_window(p, window, stride) for p in range(1, len(full))]))
+
+
+class _PeriodOracle:
+    """A language model of a stream that repeats with period P: it knows the next token once the
+    token P - 1 back is in its window (uniform over the vocabulary before): its loss depends only
+    on how much context a prediction has."""
+
+    def __init__(self, period: int, vocab: int):
+        self.period, self.vocab = period, vocab
+
+    def __call__(self, src, tgt):
+        import torch
+
+        logits = torch.zeros(*tgt.shape, self.vocab)
+        seen = tgt[:, : tgt.size(1) - self.period + 1]  # the token at offset j + 1 - P predicts offset j + 1
+        logits[:, self.period - 1:].scatter_(2, seen[..., None], 30.0)
+        return logits
+
+
+def test_a_smaller_stride_gives_more_context_and_a_lower_perplexity():
+    import torch
+    from pipeline_src import metrics
+    from pipeline_src.evaluate import lm_nll
+
+    period, vocab, window = 10, 40, 24
+    cycle = np.random.default_rng(0).permutation(np.arange(EOS + 1, vocab))[:period]
+    stream = np.tile(cycle, 30)
+    ends = np.arange(period, len(stream) + 1, period)  # (one "line" per period: lines do not matter here)
+    ppl, context = {}, {}
+    for stride in (1, 5, window // 2, window - period + 1, window - period + 2, window - 1, window):
+        nll, count, context[stride] = lm_nll(_PeriodOracle(period, vocab), stream, ends, window, 8,
+                                             torch.device("cpu"), "fp32", stride)
+        ppl[stride] = metrics.perplexity(float(nll.sum()), int(count.sum()))
+    strides = sorted(ppl)
+    assert all(ppl[a] <= ppl[b] and context[a] >= context[b] for a, b in zip(strides, strides[1:])), (ppl, context)
+    # window - stride >= period - 1: after the first window every token is known
+    assert ppl[window - period + 1] == ppl[1] < ppl[window - period + 2] < ppl[window]
+
+
+@pytest.mark.parametrize("where, value, message", [
+    ("task", 0, "tasks.lm.eval.lm_stride: 0 is less than the minimum of 1"),
+    ("task", 17, "tasks.lm.eval.lm_stride (cell baseline): 17 must be a whole number of tokens from 1 to "
+                 "train.lm_seq_len 16"),
+    ("cell", 20, "cells.baseline (task lm): eval.lm_stride: 20 must be a whole number of tokens from 1 to "
+                 "train.lm_seq_len 16"),
+    ("task", 2.5, "tasks.lm.eval.lm_stride: 2.5 is not of type 'integer', 'null'"),
+])
+def test_a_bad_stride_is_one_line_naming_the_key(tmp_path, where, value, message):
+    task = {"kind": "lm", "dataset": "corpus", **copy.deepcopy(LM_TINY)}
+    raw = {"study": "toy", "seeds": [0], "cells": {"baseline": {"family": "baseline"}},
+           "datasets": {"corpus": {"kind": "lm", "hf_id": "x/corpus", "fields": {"text": "text"}}}, "tasks": {"lm": task}}
+    (task["eval"] if where == "task" else raw["cells"]["baseline"].setdefault("eval", {}))["lm_stride"] = value
+    task["cells"] = ["baseline"]
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError) as err:
+        load_study(tmp_path / "p.yaml")
+    assert message in one_line(err)

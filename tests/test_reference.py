@@ -146,3 +146,27 @@ def test_the_machine_facts_of_this_process():
     assert set(facts["kernel_flags"]) <= set(machine.KERNEL_FLAGS) and facts["threads"] >= 1
     assert machine.differences(facts, dict(facts)) == []
     assert machine.differences(facts, dict(facts, kernel_flags=[])) == [f"kernel_flags: {facts['kernel_flags']} -> []"]
+
+
+def test_a_perplexity_scored_with_another_stride_is_named(tmp_path):
+    """The window and stride an lm run's perplexity was scored with compare exactly; a reference
+    made before they were recorded was scored with non-overlapping windows of train.lm_seq_len."""
+    def lm_run(name, lm_eval=None, ppl=176.0):
+        d = _run_dir(tmp_path, name, bleu=33.0, loss=2.0)
+        ev = json.loads((d / "eval_metrics.json").read_text())
+        ev["metrics"] = {"test_ppl": ppl, "test_words": 82430}
+        if lm_eval:
+            ev["lm_eval"] = lm_eval
+        (d / "eval_metrics.json").write_text(json.dumps(ev))
+        (d / "train_info.json").write_text(json.dumps({"kind": "lm", "config": {"train": {"lm_seq_len": 128}}}))
+        return d
+
+    legacy = lm_run("legacy")
+    same = lm_run("same", {"lm_window": 128, "lm_stride": 128, "lm_mean_context": 64.5, "lm_mean_context_val": 64.5})
+    passed, lines = reference.compare(legacy, same)
+    assert passed and not any("lm_" in line for line in lines), lines
+    sliding = lm_run("sliding", {"lm_window": 128, "lm_stride": 64, "lm_mean_context": 96.5}, ppl=150.0)
+    passed, lines = reference.compare(legacy, sliding)
+    assert not passed and any(line.strip() == "FAIL lm_stride: 128 -> 64 (-64, -50.000 %; tolerance exact)"
+                              for line in lines), lines
+    assert not any("lm_window" in line or "lm_mean_context" in line for line in lines), lines

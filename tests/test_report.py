@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 from pipeline_src.common import StageError
+from pipeline_src.config import load_study
 from pipeline_src.stages import data_paths, output_path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "report"
@@ -89,8 +90,32 @@ def test_results_one_row_per_run_and_summary_mean_std(in_root):
     assert row["bleu_std"] == pytest.approx(np.std(values, ddof=1), rel=1e-5)  # sample std
     assert row["n_seeds"] == 3 and row["n_failed"] == 0
     assert not results["failed"].any() and "s_per_mtok" in results
+    # an lm run's window, stride and mean context (lm_eval) are settings, not metrics: no column, no test
+    assert not [c for c in results if c.startswith("lm_")] and "lm_eval" in _lm_eval_metrics(study)
     leaks = summary.set_index(["task", "cell"])["leaks_future"]
     assert bool(leaks[("lm_task", "encoder_only")]) and not bool(leaks[("lm_task", "baseline")])
+
+
+def _lm_eval_metrics(study, cell="baseline") -> dict:
+    return json.loads(Path(output_path("evaluate", "metrics", study=study.name, task="lm_task", cell=cell,
+                                       seed=study.seeds[0])).read_text())
+
+
+def test_report_states_how_perplexity_was_scored(in_root):
+    from pipeline_src.report import build
+
+    study = in_root["study"]
+    lm_eval = _lm_eval_metrics(study)["lm_eval"]
+    assert (lm_eval["lm_window"], lm_eval["lm_stride"]) == (128, 64)  # the default stride: half a window
+    text = build._metrics_text(pd.read_csv(_reports(study) / "results.csv"), study)
+    assert ("Perplexity on lm\\_task is scored with a sliding window of 128 tokens advanced by 64 (each window "
+            "scores only the tokens no earlier window scored, so every token is scored once and, after the first "
+            f"window, predicted from at least 65 preceding tokens; on the test set {lm_eval['lm_mean_context']:.1f} "
+            "on average).") in text, text
+    cpu = load_study(Path(__file__).resolve().parent.parent / "workflow/studies/cpu/params.yaml")
+    assert build._lm_window_text(cpu, cpu.tasks["ptb"]) == ("Perplexity on ptb is scored with a sliding window of 128 "
+                                                            "tokens advanced by 128 (non-overlapping windows: a token "
+                                                            "is predicted from 1 to 128 preceding tokens).")
 
 
 def test_summarize_on_a_hand_made_table():

@@ -24,8 +24,8 @@ from ..common import StageError, atomic_write_text, git_commit, package_versions
 from ..seed_plan import run_seeds
 from ..paths import dvc_yaml_path, stage_command
 from .aggregate import RUN_LEVEL
-from . import (display_name, fmt_num, higher_is_better, is_missing, latex_escape as esc, latex_tt, metric_digits,
-               primary_metric, read_csv, read_json, report_paths, run_paths)
+from . import (display_name, fmt_int, fmt_num, higher_is_better, is_missing, latex_escape as esc, latex_tt,
+               metric_digits, primary_metric, read_csv, read_json, report_paths, run_paths)
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 MAX_SOURCE_WORDS = 80
@@ -134,8 +134,35 @@ def _metrics_text(results: pd.DataFrame, study) -> str:
     parts.append("Perplexity is the exponential of the mean negative log-likelihood per BPE token on the test set"
                  + (" (for language modelling also per word, comparable across vocabularies)" if "lm" in kinds else "")
                  + ".")
+    parts += [_lm_window_text(study, task) for task in study.tasks.values() if task.kind == "lm"]
     parts.append("Every cell is compared with its task's baseline over training runs (Section~\\ref{sec:method}).")
     return " ".join(parts)
+
+
+def _lm_window_text(study, task) -> str:
+    """How a language-model task's perplexity was scored: window, stride and the context they give
+    (evaluate.lm_score_windows); the mean context as the baseline's first run recorded it."""
+    by_setting: dict[tuple[int, int], list[str]] = {}
+    for cell in task.cells:
+        cfg = study.cell(task.name, cell)
+        by_setting.setdefault((cfg.train.lm_seq_len, cfg.eval.lm_stride), []).append(cell)
+    path = run_paths(study, task.name, task.baseline_cell, study.seeds[0])["eval_metrics"]
+    recorded = (read_json(path).get("lm_eval") or {}) if path.exists() else {}
+    texts = []
+    for (window, stride), cells in by_setting.items():
+        text = f"a sliding window of {fmt_int(window)} tokens advanced by {fmt_int(stride)}"
+        text += (" (non-overlapping windows: a token is predicted from 1 to "
+                 f"{fmt_int(window)} preceding tokens" if stride == window else
+                 " (each window scores only the tokens no earlier window scored, so every token is scored once and, "
+                 f"after the first window, predicted from at least {fmt_int(window - stride + 1)} preceding tokens")
+        if (recorded.get("lm_window"), recorded.get("lm_stride")) == (window, stride) \
+                and task.baseline_cell in cells and recorded.get("lm_mean_context") is not None:
+            text += f"; on the test set {recorded['lm_mean_context']:.1f} on average"
+        text += ")"
+        if len(by_setting) > 1:
+            text += f" for {', '.join(esc(study.cell(task.name, c).label) for c in cells)}"
+        texts.append(text)
+    return f"Perplexity on {esc(task.name)} is scored with " + "; and with ".join(texts) + "."
 
 
 def _seeds_text(study) -> str:

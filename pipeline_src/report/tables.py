@@ -273,9 +273,10 @@ HPARAMS = [
     ("Decoding / evaluation", [("beam_size", "beam size"), ("length_penalty", "length penalty"),
                                ("max_len_a", "max. length $a$"), ("max_len_b", "max. length $b$"),
                                ("no_repeat_ngram", "no repeated $n$-gram"),
-                               ("max_examples", "test examples (max.)"), ("bootstrap", "bootstrap resamples")]),
+                               ("max_examples", "test examples (max.)"), ("bootstrap", "bootstrap resamples"),
+                               ("lm_stride", "LM evaluation stride (tokens)")]),
 ]
-LM_ONLY = {"lm_seq_len"}
+LM_ONLY = {"lm_seq_len", "lm_stride"}
 SEQ2SEQ_ONLY = {"max_src_len", "max_tgt_len", "beam_size", "length_penalty", "max_len_a", "max_len_b", "max_examples"}
 
 
