@@ -280,7 +280,9 @@ def report_jobs(study: Study, jobs: list[Job], train_jobs: list[Job], eval_jobs:
     tabs = _job(study, "tables", s, wc, list(agg.outs.values()) + base_data + screening,
                 _existing(study, "tasks", "cells", "sweeps", "datasets", "screening"), {})
     # Claims and references: evidence from the aggregate tables and the per-example test outputs.
-    claims = _job(study, "claims", s, wc, list(agg.outs.values()) + eval_files,
+    # (a tuned cell's trials: a failure counts as a claim's effect only if it failed at every lr)
+    tuned = [tune_path(study, t, c) for t in study.tasks for c in study.task(t).cells if _tuned(study, t, c)]
+    claims = _job(study, "claims", s, wc, list(agg.outs.values()) + eval_files + tuned,
                   _existing(study, "claims", "references", *[f"tasks.{t}.baseline_cell" for t in study.tasks]), {})
     report = _job(study, "report", s, wc, [figs.out("figures"), tabs.out("tables")] + list(agg.outs.values())
                   + list(claims.outs.values()) + [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")],

@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+
+from pipeline_src.paths import tune_record
 from scipy import stats as sps
 
 from pipeline_src.config import load_study
@@ -313,10 +315,26 @@ def test_a_failed_run_is_not_evidence_unless_the_claim_predicts_failure(stage, m
     params = yaml.safe_load(Path(study.path).read_text())
     params["claims"] = expected
     Path("params_effect.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    effect = C.evaluate_claims(load_study("params_effect.yaml"), broken)
-    assert _row(effect, "pe_hurts")["verdict"] == "supported"  # the failure is the effect it predicts
+    # a failure at the one lr the cell had is not the effect: the lr may not suit it
+    row = _row(C.evaluate_claims(load_study("params_effect.yaml"), broken), "pe_hurts")
+    assert row["verdict"] == C.FAILED_AT_ONE_LR and "give it a train.lr_grid" in row["reason"]
+    # with an lr grid whose every trial failed, the failure is the effect it predicts
+    params["cells"]["pe_none"].setdefault("train", {})["lr_grid"] = [1.0e-3, 3.0e-3]
+    Path("params_effect.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    effect_study = load_study("params_effect.yaml")
+    record = tune_record(effect_study, "tr_task", "pe_none")
+    record.parent.mkdir(parents=True, exist_ok=True)
+    trials = [{"lr": 1.0e-3, "best_val_loss": 6.45, "unigram_val_loss": 6.5},
+              {"lr": 3.0e-3, "best_val_loss": 6.48, "unigram_val_loss": 6.5}]
+    record.write_text(json.dumps({"trials": trials, "chosen_lr": 1.0e-3}))
+    assert _row(C.evaluate_claims(effect_study, broken), "pe_hurts")["verdict"] == "supported"
+    # one trial that trained: the runs' failure is not the predicted effect
+    trials[1]["best_val_loss"] = 4.0
+    record.write_text(json.dumps({"trials": trials, "chosen_lr": 3.0e-3}))
+    row = _row(C.evaluate_claims(effect_study, broken), "pe_hurts")
+    assert row["verdict"] == C.FAILED_AT_ONE_LR and "trained in its tune trial at lr 0.003" in row["reason"]
     base_failed = _with_runs(study, res, "tr_task", "baseline", failed=True, failure="x")
-    assert _row(C.evaluate_claims(load_study("params_effect.yaml"), base_failed), "pe_hurts")["verdict"] == C.RUN_FAILED
+    assert _row(C.evaluate_claims(effect_study, base_failed), "pe_hurts")["verdict"] == C.RUN_FAILED
 
 
 def test_unequal_budgets_are_not_compared_except_as_rates(stage, monkeypatch):

@@ -37,7 +37,7 @@ from .. import metrics
 from ..common import StageError, atomic_write_text
 from ..seed_plan import run_seeds
 from . import stats, views
-from . import (ALPHA, BOOTSTRAP_SEED, DUPLICATE_OF, METRIC_ORDER, TESTED_METRICS, comparable, higher_is_better,
+from . import (ALPHA, BOOTSTRAP_SEED, FAILED_FRACTION, DUPLICATE_OF, METRIC_ORDER, TESTED_METRICS, comparable, higher_is_better,
                read_json, report_paths, require, run_paths)
 
 ID_COLUMNS = ["task", "kind", "cell", "family", "label", "seed", "leaks_future", "failed", "failure"]
@@ -45,9 +45,6 @@ TRAIN_COLUMNS = ["n_params", "flops_per_token", "steps", "train_tokens", "epochs
                  "final_val_loss", "final_train_loss", "unigram_val_loss", "stop_reason", "lr", "converged"]
 COST_COLUMNS = ["wall_s", "s_per_mtok", "tokens_per_s", "mfu", "peak_mem_mb", "device", "device_name", "precision",
                 "cpu_count"]
-# A run "failed to train" when its best validation loss is above this fraction of the loss of the
-# training targets' unigram distribution: it learned (almost) nothing about context.
-FAILED_FRACTION = 0.9
 GROUP_COLUMNS = ["task", "kind", "cell", "family", "label", "leaks_future"]
 RUN_LEVEL = "runs"  # significance.csv: the seed-level row of a cell and metric (its `seed` column)
 REQUIRED_METRICS = {

@@ -46,8 +46,9 @@ import pandas as pd
 
 from ..claims_config import BUDGET_FREE_METRICS
 from ..common import StageError, atomic_write_text
-from ..paths import output_path
-from . import display_name, fmt_num, latex_escape as esc, metric_digits, read_csv, report_paths
+from ..paths import output_path, tune_record
+from . import (FAILED_FRACTION, display_name, fmt_num, latex_escape as esc, metric_digits, read_csv, read_json,
+               report_paths)
 from . import stats
 from .stats import ALPHA, MIN_RUNS
 
@@ -63,8 +64,9 @@ TESTED = ("supported", "contradicted", "inconclusive")
 NOT_IN_REGIME = "not tested in the claim's regime"
 RUN_FAILED = "not tested: run failed to train"
 UNEQUAL_BUDGET = "not tested: unequal training budgets"
+FAILED_AT_ONE_LR = "not tested: failure not shown at every lr"
 TOO_FEW = "too few runs"
-VERDICTS = TESTED + (TOO_FEW, RUN_FAILED, UNEQUAL_BUDGET, NOT_IN_REGIME)
+VERDICTS = TESTED + (TOO_FEW, RUN_FAILED, FAILED_AT_ONE_LR, UNEQUAL_BUDGET, NOT_IN_REGIME)
 BUDGET_TOLERANCE = 0.05  # target tokens of two cells further apart than this are unequal budgets
 # Display names of the per-run metrics a claim may use (the evaluation metrics have theirs in METRICS).
 RUN_METRIC_NAMES = {"wall_s": "Training time (s)", "tokens_per_s": "Target tokens/s", "best_val_loss": "Best val loss",
@@ -100,7 +102,24 @@ def _flag(both: pd.DataFrame, side: str, col: str, default=None):
     return both[key] if key in both else pd.Series(default, index=both.index)
 
 
-def _set_aside(claim, comp, both: pd.DataFrame) -> tuple[str, str] | None:
+def _trains_at_another_lr(study, task: str, cell: str) -> str:
+    """Why a failed cell's failure is not shown at every learning rate ('' when it is): it has no
+    lr grid, or one of its tune trials trained (best validation loss under the failure level)."""
+    grid = study.cell(task, cell).train.lr_grid
+    if not grid:
+        return (f"{cell} failed at its one learning rate ({study.cell(task, cell).train.lr:g}); give it a "
+                f"train.lr_grid so that a failure at every lr can count as the predicted effect")
+    record = read_json(tune_record(study, task, cell))
+    trained = [t for t in record["trials"]
+               if t["best_val_loss"] < FAILED_FRACTION * t["unigram_val_loss"]]
+    if trained:
+        return (f"{cell} trained in its tune trial at lr {trained[0]['lr']:g} (validation loss "
+                f"{trained[0]['best_val_loss']:.2f}, unigram {trained[0]['unigram_val_loss']:.2f}), so its runs' "
+                f"failure is not the predicted effect")
+    return ""
+
+
+def _set_aside(study, claim, comp, both: pd.DataFrame) -> tuple[str, str] | None:
     """(verdict, reason) when the comparison is not tested, else None (see module doc)."""
     regime = claim.regime
     if regime is not None:
@@ -115,6 +134,10 @@ def _set_aside(claim, comp, both: pd.DataFrame) -> tuple[str, str] | None:
     failed = []
     for side, cell in (("c", comp.cell), ("v", comp.versus)):
         if side == "c" and claim.failure_is_effect:
+            if _flag(both, side, "failed", False).map(_true).any():
+                why = _trains_at_another_lr(study, comp.task, cell)
+                if why:
+                    return FAILED_AT_ONE_LR, why
             continue
         flags = _flag(both, side, "failed", False).map(_true)
         reasons = _flag(both, side, "failure", "")
@@ -225,7 +248,7 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
             ev["seeds"] = ",".join(str(int(s)) for s in both.index)
             row.update({k: v for k, v in ev.items() if k in CLAIM_COLUMNS})
             row["seeds_agree"] = "{}/{}".format(*stats.sign_consistency(ev["per_seed"], comp.expect, margin))
-            aside = _set_aside(claim, comp, both)
+            aside = _set_aside(study, claim, comp, both)
             if aside:
                 row["verdict"], row["reason"] = aside
             rows.append(row)
