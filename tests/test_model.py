@@ -330,7 +330,8 @@ def trained():
     def get(arch: str) -> Transformer:
         if arch not in models:
             pos = "rope" if arch == "decoder_only" else "sinusoidal"
-            model = make(arch, dropout=0.0, pos_encoding=pos).train()
+            # Xavier token tables: the behaviour above was tuned on them (120 steps, this lr)
+            model = make(arch, dropout=0.0, pos_encoding=pos, embed_init="xavier").train()
             opt = torch.optim.Adam(model.parameters(), lr=3e-3)
             g = torch.Generator().manual_seed(0)
             for _ in range(120):
@@ -427,7 +428,8 @@ def test_wide_beam_search_is_exhaustive_search(arch):
     # Seeds where eos competes with the real tokens and alpha changes the winners (both are
     # asserted below, so a change of initialisation that breaks this fails loudly here).
     torch.manual_seed({"encoder_decoder": 2, "decoder_only": 7}[arch])
-    cfg = ModelConfig(vocab_size=vocab, arch=arch, d_model=16, n_heads=2, enc_layers=1, dec_layers=1, d_ff=32)
+    cfg = ModelConfig(vocab_size=vocab, arch=arch, d_model=16, n_heads=2, enc_layers=1, dec_layers=1, d_ff=32,
+                      embed_init="xavier")           # the seeds above were found with Xavier tables
     model = Transformer(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(2)              # peakier distributions: clearer winners
