@@ -360,3 +360,18 @@ def test_latex_escape():
     assert latex_escape("--cores") == "-{}-cores"
     assert latex_escape("Grüße “x” – 日本 😀") == "Grüße ``x'' -- ?? ?"
     assert latex_escape(float("nan")) == "" and latex_escape(None) == ""
+
+
+def test_the_report_states_each_cells_peak_lr_and_whether_it_was_tuned():
+    import pandas as pd
+
+    from pipeline_src.config import load_study
+    from pipeline_src.report.build import _lr_text
+
+    study = load_study(Path(__file__).parent / "fixtures" / "params" / "adaptive_lm.yaml")
+    runs = pd.DataFrame([{"task": "lm", "cell": c, "lr": lr} for c, lr in
+                         (("baseline", 0.01), ("lr_low", 0.008), ("order_1", 0.01), ("tuned", 0.003))])
+    text = _lr_text(study, runs)
+    assert "1 of 4 cells chose theirs on validation" in text
+    assert "lm: baseline 0.01, lr\\_low 0.008, order\\_1 0.01, tuned 0.003 (tuned)." in text
+    assert "did not record" in _lr_text(study, runs.drop(columns="lr"))

@@ -187,6 +187,29 @@ def _convergence_text(results: pd.DataFrame) -> str:
             f"training budget ({counted}).")
 
 
+def _lr_text(study, results: pd.DataFrame) -> str:
+    """Each cell's peak learning rate, and whether it was chosen on validation (train.lr_grid)."""
+    if "lr" not in results:
+        return "The runs did not record their peak learning rates."
+    parts = []
+    for task in study.tasks.values():
+        cells = []
+        for cell in task.cells:
+            lrs = pd.to_numeric(results[(results["task"] == task.name) & (results["cell"] == cell)]["lr"],
+                                errors="coerce").dropna().unique()
+            grid = study.cell(task.name, cell).train.lr_grid
+            shown = "/".join(f"{x:g}" for x in sorted(lrs)) or "--"
+            cells.append(f"{esc(cell)} {shown}" + (" (tuned)" if grid else ""))
+        parts.append(f"{esc(task.name)}: " + ", ".join(cells))
+    tuned = sum(bool(study.cell(t.name, c).train.lr_grid) for t in study.tasks.values() for c in t.cells)
+    total = sum(len(t.cells) for t in study.tasks.values())
+    how = ("every cell's was chosen on validation from its grid (the tune stage's short trials, one seed)"
+           if tuned == total else
+           f"{tuned} of {total} cells chose theirs on validation from a grid (tuned); the others ran at their "
+           "task's setting, so a comparison with them is at a learning rate chosen for another cell")
+    return f"Peak learning rates: {how}. " + "; ".join(parts) + "."
+
+
 def _method_text(study, results: pd.DataFrame) -> str:
     """How the report's verdicts and marks are made, in words (report/stats.py is the code)."""
     from .stats import MIN_RUNS
@@ -232,6 +255,7 @@ def _method_text(study, results: pd.DataFrame) -> str:
         + (f" ({n_failed} run{'s' if n_failed != 1 else ''} of this study)." if n_failed else "."),
     ]
     text.append(_convergence_text(results))
+    text.append(_lr_text(study, results))
     if study.adaptive_seeds:
         text.append(
             f"Adaptive seeds: every cell ran {len(study.first_seeds)} seeds; the plan stage then judged the claims on "
