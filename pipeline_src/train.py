@@ -124,6 +124,8 @@ class Trainer:
         t, state = self.t, self.state
         self.model.train()
         self.started, self.started_unix = time.perf_counter(), time.time()
+        # a resumed run's earlier sittings, up to their last saved state (the work after it is redone)
+        self.wall_before = float(state.get("wall_s", 0.0))
         self.meter = StepMeter(self.device)
         stream = self._batches()
         stop = preemption.StopWatch()  # from here until close(): SIGTERM/SIGUSR1 and the time limit
@@ -160,7 +162,7 @@ class Trainer:
         if self.world > 1:
             import torch.distributed as dist
             dist.destroy_process_group()
-        self.wall_s, self.ended_unix = time.perf_counter() - self.started, time.time()
+        self.wall_s, self.ended_unix = self.wall_before + time.perf_counter() - self.started, time.time()
 
     def train_step(self, stream) -> None:
         """One optimiser step over the next `grad_accum` batches (this rank's share of each)."""
@@ -292,6 +294,8 @@ class Trainer:
             state["stop_reason"] = "early_stopping"
 
     def save_state(self) -> None:
+        if hasattr(self, "started"):  # the wall time so far, summed over the run's sittings
+            self.state["wall_s"] = self.wall_before + time.perf_counter() - self.started
         if self.rank == 0:
             train_state.save_state(self.scratch, self.fingerprint, self.model, self.optimizer, self.state)
 

@@ -1,5 +1,7 @@
 """A training job told to stop (SIGTERM, SIGUSR1) or out of time saves the step under way and
 exits 75; the same command continues it to the weights and metrics of a run never stopped."""
+import datetime
+import json
 import random
 import re
 import subprocess
@@ -135,6 +137,10 @@ def test_a_job_budget_ends_each_run_before_it_and_the_runs_add_up_to_the_uninter
     assert metrics.read_bytes() == reference_metrics
     weights = _weights(ckpt)
     assert all(torch.equal(weights[k], reference_weights[k]) for k in weights)
+    # the run's wall time sums its sittings (each up to its saved state), not the last one's alone
+    cost = json.loads(metrics.with_name("cost.json").read_text())
+    last = (datetime.datetime.fromisoformat(cost["end_utc"]) - datetime.datetime.fromisoformat(cost["start_utc"]))
+    assert cost["wall_s"] > last.total_seconds() + 0.5, (cost["wall_s"], last, runs)
 
 
 @pytest.mark.parametrize("text,seconds", [("5:07", 307), ("1:00:00", 3600), ("2-03:04:05", 2 * 86400 + 11045),
