@@ -74,3 +74,19 @@ def test_closures_stay_small():
     readers = {s for s, files in code.items() if "pipeline_src/model/config.py" in files}
     assert readers == {"tune", "train", "evaluate", "figures"}, readers
     assert "pipeline_src/report/templates/report.tex" in code["report"]
+
+
+def test_a_task_level_lr_grid_tunes_every_cell_the_same_way(tmp_path):
+    """Every arm tuned the same way: a grid in the task's train section gives each cell a tune job,
+    and each cell's training runs read their own tune record."""
+    import yaml
+
+    params = yaml.safe_load((ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml").read_text())
+    params["tasks"]["reorder"]["train"].update(lr_grid=[1.0e-3, 3.0e-3], lr_tune_steps=4)
+    (tmp_path / "grid.yaml").write_text(yaml.safe_dump(params))
+    study = load_study(tmp_path / "grid.yaml")
+    jobs = stages.build_jobs(study)
+    tuned = {j.wildcards["cell"] for j in jobs if j.stage == "tune"}
+    assert tuned == set(study.task("reorder").cells) == {"baseline", "pe_none"}
+    for job in (j for j in jobs if j.stage == "train"):
+        assert stages.tune_path(study, "reorder", job.wildcards["cell"]) in job.deps
