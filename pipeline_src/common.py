@@ -344,6 +344,15 @@ def cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+def utc_stamp(unix_s: float | None = None, timespec: str = "seconds") -> str:
+    """An ISO 8601 UTC time ("...+00:00"), of `unix_s` or now, to `timespec` precision."""
+    import datetime
+    import time
+
+    when = time.time() if unix_s is None else unix_s
+    return datetime.datetime.fromtimestamp(when, datetime.timezone.utc).isoformat(timespec=timespec)
+
+
 def git_commit() -> str:
     """HEAD of the checkout the code runs from; PIPELINE_GIT_COMMIT where the copy has no .git
     (bench/node/node.sh sets it from the bundle it unpacked)."""

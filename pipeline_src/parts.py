@@ -60,7 +60,7 @@ from pathlib import Path
 
 import yaml
 
-from .common import ConfigError, StageError, atomic_write_json, atomic_write_text, git_commit, package_versions
+from .common import ConfigError, StageError, atomic_write_json, atomic_write_text, git_commit, package_versions, utc_stamp
 from .config import Study
 from .parts_layout import Layout, Run, archive_name, load_layout, study_runs
 from .paths import OUTPUTS, data_paths, output_path
@@ -214,8 +214,8 @@ def _versions_text() -> str:
 
 
 def _utc(t: float | None = None) -> str:
-    return datetime.datetime.fromtimestamp(time.time() if t is None else t, datetime.timezone.utc) \
-        .isoformat(timespec="seconds").replace("+00:00", "Z")
+    """A part's times as its archive records them: seconds, "Z" for UTC."""
+    return utc_stamp(t).replace("+00:00", "Z")
 
 
 def _seconds(stamp: str) -> float:

@@ -12,14 +12,13 @@ train_metrics.json   numbers only, deterministic (same params + seed -> same byt
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import os
 import shutil
 
 import torch
 
 from . import allocator, machine, precision, train_state
-from .common import atomic_dir, atomic_write_json, atomic_write_text, cpu_name, provenance
+from .common import atomic_dir, atomic_write_json, atomic_write_text, cpu_name, provenance, utc_stamp
 from .compiling import compiled_graphs
 from .convergence import CONVERGED_RULE, converged
 from .live_log import log_tsv
@@ -73,7 +72,7 @@ def cost_record(run) -> dict:
     return {
         "wall_s": run.wall_s, "tokens_per_s": tokens_per_s, "device": device.type,
         # when the training loop ran: how runs sharing a GPU overlapped (bench/study_throughput.py)
-        "start_utc": _utc(run.started_unix), "end_utc": _utc(run.ended_unix),
+        "start_utc": utc_stamp(run.started_unix, "milliseconds"), "end_utc": utc_stamp(run.ended_unix, "milliseconds"),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "cpu_count": os.cpu_count(), "peak_mem_mb": memory_mb(device, peak=True),
         # forked from the start-up server (pipeline_src/preload.py): its peak memory leaves out the
@@ -96,7 +95,3 @@ def memory_mb(device, peak: bool = False) -> float:
         return (torch.cuda.max_memory_allocated(device) if peak else torch.cuda.memory_allocated(device)) / 2**20
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _utc(unix_s: float) -> str:
-    return datetime.datetime.fromtimestamp(unix_s, datetime.timezone.utc).isoformat(timespec="milliseconds")
