@@ -4,7 +4,11 @@ A *claim* is a testable statement taken from a paper or report ("removing positi
 hurts sharply"), written as one or more comparisons of two cells of one task on one metric with
 the expected relation of the cell's value to the other cell's: `higher`, `lower`, or `equal`
 within a margin. The claims stage (pipeline_src/report/claims.py) computes the evidence and a
-verdict for each.
+verdict for each. A claim names its `origin` (a seed report, the literature, or a test) and a
+claim of a seed report or of the literature quotes the sentence(s) it rests on, whole, so that
+a reader can check that the statement says no more than its source. A *check* (`check: true`)
+is the study's own test of the pipeline, attributed to no source and judged apart from the
+claims.
 
 A *reference* is a published number to set beside ours: a metric value (or, with `versus`, a
 difference between two settings, as in Vaswani et al.'s Table 3), its citation, the setting it
@@ -15,6 +19,7 @@ Kept apart from config.py so that the study loader only calls `parse_claims` and
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +48,14 @@ REFERENCE_METRICS = {
     "lm": ("test_ppl_word", "val_ppl_word", "test_ppl", "val_ppl", "test_loss", "val_loss"),
 }
 EXPECTATIONS = ("higher", "lower", "equal")
+ORIGINS = ("seed", "literature", "test")
+QUOTED_ORIGINS = ("seed", "literature")
+# A seed report is cited as "seed NNN, section X" or "seed NNN, ... Table N": the report and the
+# place in it, so that the sentence can be found.
+_SEED_WHERE = re.compile(r"^seed \d{3}\b")
+_SEED_PLACE = re.compile(r"\b(section|table)\b", re.IGNORECASE)
+# CJK ideographs and punctuation, full-width forms: a quote with any needs its English translation.
+_NOT_ENGLISH = re.compile(r"[\u3000-\u303f\u3400-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,19 @@ class Regime:
 
 
 @dataclass(frozen=True)
+class Quote:
+    """A source's sentence, whole: the original, its English translation ('' when the original is
+    English) and where it stands ("seed 003, section 6.4.1, Table 7")."""
+    text: str
+    where: str
+    translation: str = ""
+
+    @property
+    def english(self) -> str:
+        return self.translation or self.text
+
+
+@dataclass(frozen=True)
 class Claim:
     name: str
     statement: str
@@ -73,6 +99,9 @@ class Claim:
     caveat: str = ""
     regime: Regime | None = None
     failure_is_effect: bool = False
+    origin: str = ""                  # seed | literature | test; '' for a check
+    quotes: tuple[Quote, ...] = ()
+    check: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,10 +161,49 @@ def parse_claims(raw: dict, tasks: dict, where: str) -> tuple[Claim, ...]:
         if regime is not None and regime.min_epochs is None and regime.min_steps is None:
             raise ConfigError(f"{where}: claims.{name}.regime: give min_epochs or min_steps (what the study's runs "
                               "must reach to be in the regime)")
+        check = bool(c.get("check", False))
+        origin, quotes = _origin_and_quotes(c, f"claims.{name}", where, check)
         out.append(Claim(name=name, statement=c["statement"], source=c["source"], comparisons=tuple(comparisons),
                          caveat=c.get("caveat", ""), regime=regime,
-                         failure_is_effect=bool(c.get("failure_is_effect", False))))
+                         failure_is_effect=bool(c.get("failure_is_effect", False)),
+                         origin=origin, quotes=quotes, check=check))
     return tuple(out)
+
+
+def _origin_and_quotes(c: dict, key: str, where: str, check: bool) -> tuple[str, tuple[Quote, ...]]:
+    """The claim's origin and quotes, with the rules the schema cannot state: a claim of a seed
+    report quotes a seed report (by report and section or table), one of the literature quotes
+    no seed report, and a quote in another language than English carries its translation."""
+    origin = c.get("origin", "")
+    if check and origin:
+        raise ConfigError(f"{where}: {key}.origin: a check (check: true) tests this pipeline and is no source's "
+                          "claim; drop origin")
+    if not check and origin not in ORIGINS:
+        raise ConfigError(f"{where}: {key}.origin: give one of {', '.join(ORIGINS)}")
+    raw = c.get("quote")
+    if raw is None and origin in QUOTED_ORIGINS:
+        raise ConfigError(f"{where}: {key}.quote: a claim of origin {origin} quotes its source sentence whole "
+                          "({text, translation, where})")
+    items = [] if raw is None else ([(f"{key}.quote", raw)] if isinstance(raw, dict) else
+                                    [(f"{key}.quote.{i}", q) for i, q in enumerate(raw)])
+    quotes = []
+    for qkey, q in items:
+        text, place = q["text"].strip(), q["where"].strip()
+        if _NOT_ENGLISH.search(text) and not q.get("translation", "").strip():
+            raise ConfigError(f"{where}: {qkey}.translation: the quote is not in English; give its English "
+                              "translation")
+        from_seed = bool(_SEED_WHERE.match(place))
+        if from_seed and not _SEED_PLACE.search(place):
+            raise ConfigError(f"{where}: {qkey}.where: {place!r}: name the section or table of the seed report "
+                              "('seed 003, section 6.4.1, Table 7')")
+        if origin == "literature" and from_seed:
+            raise ConfigError(f"{where}: {qkey}.where: {place!r}: a claim of origin literature is not a seed "
+                              "report's; quote the paper, or make the origin seed")
+        quotes.append(Quote(text=text, where=place, translation=q.get("translation", "").strip()))
+    if origin == "seed" and not any(_SEED_WHERE.match(q.where) for q in quotes):
+        raise ConfigError(f"{where}: {key}.quote: a claim of origin seed quotes a seed report (where: "
+                          "'seed NNN, section ...')")
+    return origin, tuple(quotes)
 
 
 def parse_references(raw: dict, tasks: dict, where: str) -> tuple[Reference, ...]:

@@ -55,7 +55,7 @@ PARAMS = {
 
 
 def _claim(cell: str, versus: str, expect: str = "lower") -> dict:
-    return {"c": {"statement": f"{cell} vs {versus}", "source": "test", "compare": [
+    return {"c": {"statement": f"{cell} vs {versus}", "source": "test", "origin": "test", "compare": [
         {"task": "lm", "cell": cell, "versus": versus, "metric": "test_ppl_word", "expect": expect}]}}
 
 

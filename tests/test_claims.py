@@ -162,29 +162,37 @@ def test_a_claim_is_judged_per_task_and_as_strong_as_its_weakest_comparison():
 # --- the stage on a faked study ------------------------------------------------------------------
 
 CLAIMS = {
-    "pe_hurts": {"statement": "Removing positional encoding hurts", "source": "seeds 000, 002",
+    "pe_hurts": {"statement": "Removing positional encoding hurts", "source": "seeds 000, 002", "origin": "seed",
+                 "quote": [{"text": "移除位置编码会导致性能显著下降。", "where": "seed 000, section 6.3",
+                            "translation": "Removing the positional encoding makes performance drop significantly."},
+                           {"text": "Positions matter.", "where": "Somebody et al. 2020, section 2"}],
                  "caveat": "Two tasks, each judged on its own.",
                  "compare": [{"task": "tr_task", "cell": "pe_none", "metric": "bleu", "expect": "lower"},
                              {"task": "sum_task", "cell": "pe_none", "metric": "rouge1", "expect": "lower"}]},
-    "pe_helps": {"statement": "Removing positional encoding helps (false)", "source": "made up",
+    "pe_helps": {"statement": "Removing positional encoding helps (false)", "source": "made up", "origin": "test",
                  "compare": [{"task": "tr_task", "cell": "pe_none", "metric": "test_ppl", "expect": "lower"}]},
-    "same_equal": {"statement": "A copy of the baseline is equal to it", "source": "test",
+    "same_equal": {"statement": "A copy of the baseline is equal to it", "source": "test", "origin": "test",
                    "compare": [{"task": "tr_task", "cell": "same_as_base", "metric": "bleu", "expect": "equal",
                                 "margin": 0.5}]},
-    "same_better": {"statement": "A copy of the baseline beats it (cannot be shown)", "source": "test",
+    "same_better": {"statement": "A copy of the baseline beats it (cannot be shown)", "source": "test", "origin": "test",
                     "compare": [{"task": "tr_task", "cell": "same_as_base", "metric": "bleu", "expect": "higher"}]},
-    "versus_other": {"statement": "pe_none is worse than the copy of the baseline", "source": "test",
+    "versus_other": {"statement": "pe_none is worse than the copy of the baseline", "source": "test", "origin": "test",
                      "compare": [{"task": "tr_task", "cell": "pe_none", "versus": "same_as_base",
                                   "metric": "test_ppl", "expect": "higher"}]},
-    "mixed": {"statement": "PE none hurts translation and helps summaries (half false)", "source": "test",
+    "mixed": {"statement": "PE none hurts translation and helps summaries (half false)", "source": "test", "origin": "test",
               "compare": [{"task": "tr_task", "cell": "pe_none", "metric": "bleu", "expect": "lower"},
                           {"task": "sum_task", "cell": "pe_none", "metric": "rouge1", "expect": "higher"}]},
-    "per_run": {"statement": "Per-run metric over seeds", "source": "test",
+    "per_run": {"statement": "Per-run metric over seeds", "source": "test", "origin": "test",
                 "compare": [{"task": "tr_task", "cell": "pe_none", "metric": "best_val_loss", "expect": "higher"}]},
-    "overfit": {"statement": "Dropout helps", "source": "test",
+    "overfit": {"statement": "Dropout helps", "source": "test", "origin": "test",
                 "regime": {"description": "an overfitting regime", "min_epochs": 20},
                 "compare": [{"task": "tr_task", "cell": "pe_none", "metric": "bleu", "expect": "lower"}]},
 }
+# A check of the pipeline, not anyone's claim: judged apart, outside the claims' Holm family. Its
+# comparison is the clearest effect of the fake data, so that in the claims' family it would move
+# every other adjusted p.
+CHECK = {"pe_check": {"statement": "The no-positions cell is worse (a check)", "source": "this pipeline", "check": True,
+                      "compare": [{"task": "tr_task", "cell": "pe_none", "metric": "bleu", "expect": "lower"}]}}
 REFERENCES = [
     {"task": "tr_task", "metric": "bleu", "value": 30.0, "citation": "Somebody et al. 2020", "setting": "WMT, 4.5M pairs",
      "matches_setting": False, "approximate": True},
@@ -196,7 +204,7 @@ REFERENCES = [
 ]
 
 
-def _build(root: Path, claims=CLAIMS, seeds=(0, 1, 2, 3), name="params_claims.yaml"):
+def _build(root: Path, claims=CLAIMS | CHECK, seeds=(0, 1, 2, 3), name="params_claims.yaml"):
     params = yaml.safe_load((FIXTURES / "params.yaml").read_text())
     params["claims"], params["references"], params["seeds"] = claims, REFERENCES, list(seeds)
     Path(name).write_text(yaml.safe_dump(params, sort_keys=False))
@@ -262,7 +270,7 @@ def test_claim_evidence_is_a_paired_t_over_runs_corrected_by_holm(stage):
     lo, hi = t.confidence_interval(0.95)
     assert (row["ci_lo"], row["ci_hi"]) == pytest.approx((lo, hi), rel=1e-4)
     assert row["n_runs"] == 4 and row["seeds"] == "0,1,2,3" and "paired t over 4 runs" in row["test"]
-    tested = claims[claims["verdict"].isin(C.TESTED)]
+    tested = claims[claims["verdict"].isin(C.TESTED) & (claims["kind"] == "claim")]
     expect = S.holm(tested["p_value"].to_numpy())
     assert tested["p_adjusted"].to_numpy() == pytest.approx(expect, rel=1e-4)
     assert (claims["looks"] == 1).all()  # a list of seeds: one look
@@ -272,8 +280,50 @@ def test_claim_evidence_is_a_paired_t_over_runs_corrected_by_holm(stage):
     row = _row(claims, "pe_hurts")
     assert (row["sim_ci_lo"], row["sim_ci_hi"]) == pytest.approx(t.confidence_interval(level), rel=1e-4)
     assert row["sim_ci_lo"] < row["ci_lo"] and row["sim_ci_hi"] > row["ci_hi"]
-    aside = claims[~claims["verdict"].isin(C.TESTED)]
+    aside = claims[~claims["verdict"].isin(C.TESTED + tuple(C.CHECK_OUTCOME.values()))]
     assert len(aside) and aside[["sim_ci_level", "sim_ci_lo", "sim_ci_hi"]].isna().all().all()
+
+
+def test_a_check_is_judged_apart_and_not_counted_in_the_claims_holm_family(stage, monkeypatch):
+    from pipeline_src.report import aggregate
+
+    monkeypatch.chdir(stage["root"])
+    study = stage["study"]
+    res = aggregate.collect_results(study)
+    with_check = C.evaluate_claims(study, res)
+    params = yaml.safe_load(Path(study.path).read_text())
+    params["claims"] = CLAIMS
+    Path("params_no_check.yaml").write_text(yaml.safe_dump(params, sort_keys=False, allow_unicode=True))
+    without = C.evaluate_claims(load_study("params_no_check.yaml"), res)
+    claims = with_check[with_check["kind"] == "claim"].reset_index(drop=True)
+    assert list(claims["claim"]) == list(without["claim"])
+    for col in ("p_adjusted", "sim_ci_level", "sim_ci_lo", "runs_needed"):
+        assert claims[col].to_numpy(dtype=float) == pytest.approx(without[col].to_numpy(dtype=float), nan_ok=True), col
+    assert list(claims["verdict"]) == list(without["verdict"])
+    check = _row(with_check, "pe_check")
+    assert check["kind"] == "check" and check["origin"] == "" and check["quote"] == ""
+    assert check["verdict"] == "passed" and check["task_verdict"] == "passed" and "passed" in check["task_reason"]
+    assert check["p_adjusted"] == pytest.approx(check["p_value"])  # a family of one
+    # In the claims' family the check would have moved their adjusted p: this test can tell.
+    tested = with_check[with_check["p_value"].notna() & with_check["p_adjusted"].notna()]
+    pooled = S.holm(tested["p_value"].to_numpy())[(tested["kind"] == "claim").to_numpy()]
+    assert not np.allclose(pooled, tested.loc[tested["kind"] == "claim", "p_adjusted"].to_numpy())
+    summary = C.claims_summary(with_check, latex=False)
+    assert summary.startswith("8 claims give 10 verdicts") and "1 check of the pipeline, judged apart: 1 passed." in summary
+
+
+def test_claims_csv_carries_kind_origin_and_the_quoted_sources(stage):
+    claims = stage["claims"]
+    assert {"kind", "origin", "quote", "quote_en"} <= set(claims.columns)
+    row = _row(claims, "pe_hurts")
+    assert row["kind"] == "claim" and row["origin"] == "seed"
+    assert row["quote"] == ('seed 000, section 6.3: "移除位置编码会导致性能显著下降。" || '
+                            'Somebody et al. 2020, section 2: "Positions matter."')
+    assert row["quote_en"] == ('seed 000, section 6.3: "Removing the positional encoding makes performance drop '
+                               'significantly." || Somebody et al. 2020, section 2: "Positions matter."')
+    untested = _row(claims, "pe_helps")
+    assert untested["origin"] == "test" and untested["kind"] == "claim" and pd.isna(untested["quote"])
+    assert _row(claims, "pe_check")["kind"] == "check" and pd.isna(_row(claims, "pe_check")["origin"])
 
 
 def test_too_few_runs_give_no_verdict(tmp_path, monkeypatch):
@@ -348,7 +398,7 @@ def test_unequal_budgets_are_not_compared_except_as_rates(stage, monkeypatch):
     row = _row(claims, "pe_hurts")
     assert row["verdict"] == C.UNEQUAL_BUDGET and "max_target_tokens" in row["reason"]
     params = yaml.safe_load(Path(study.path).read_text())
-    params["claims"] = {"faster": {"statement": "s", "source": "s", "compare": [
+    params["claims"] = {"faster": {"statement": "s", "source": "s", "origin": "test", "compare": [
         {"task": "tr_task", "cell": "pe_none", "metric": "s_per_mtok", "expect": "lower"}]}}
     Path("params_rate.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     rate = C.evaluate_claims(load_study("params_rate.yaml"), half)
@@ -394,10 +444,19 @@ def test_report_has_the_claims_per_task_caveats_and_the_method(stage, monkeypatc
     assert r"\section{Published results and claims}" in tex and r"\label{sec:method}" in tex
     assert "Two tasks, each judged on its own." in tex  # the caveat beside its claim
     assert "Holm" in tex and "Benjamini" in tex and "unigram" in tex
-    m = int(stage["claims"]["verdict"].isin(C.TESTED).sum())
+    m = int((stage["claims"]["verdict"].isin(C.TESTED) & (stage["claims"]["kind"] == "claim")).sum())
     assert r"$\Delta$ [simult.\ CI]" in tex and f"confidence $1-0.05/{m}$" in tex
     assert r"$p_\mathrm{adj}$ & Signs & Runs & Verdict" in tex and "sign-flip" in tex
     assert "8 claims give 10 verdicts (one per claim and task)" in tex
+    # Each claim shows its origin and its sources in English; the Chinese original stays in claims.csv
+    # (pdflatex with the template's packages has no CJK fonts).
+    assert r"\textit{(seed report: seeds 000, 002)}" in tex and r"\textit{(test: made up)}" in tex
+    assert ('seed 000, section 6.3: "Removing the positional encoding makes performance drop significantly."'
+            in tex) and "移除" not in tex
+    # The check is shown apart, as a check with its outcome, after every claim.
+    checks_at = tex.index(r"\textbf{Checks: tests of this pipeline, not claims of any report")
+    assert tex.index("The no-positions cell is worse (a check)") > checks_at > tex.index("Dropout helps")
+    assert "1 check of the pipeline, judged apart: 1 passed." in tex
     assert r"tr\_task: \textbf{\textcolor{green!45!black}{supported}}; sum\_task: \textbf{\textcolor{red!70!black}{contradicted}}" in tex
     assert (Path("reports") / study.name / "report.pdf").stat().st_size > 10_000
 

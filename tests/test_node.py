@@ -179,11 +179,13 @@ claims:
   pe_none_reorder:
     statement: "Removing positions hurts reordering"
     source: "test"
+    origin: test
     compare:
       - {task: reorder, cell: pe_none, metric: bleu, expect: lower}
   pe_none_grammar:
     statement: "Removing positions hurts the grammar LM"
     source: "test"
+    origin: test
     compare:
       - {task: grammar, cell: pe_none, metric: test_ppl_word, expect: higher}
 """

@@ -1,6 +1,10 @@
 """Claims stage: the study's claims tested on its runs, and its results set beside published ones.
 
-reports/<study>/claims.csv      one row per comparison of every claim (params `claims:`): the
+reports/<study>/claims.csv      one row per comparison of every claim (params `claims:`): its
+                                 kind (claim, or check: the study's own test of the pipeline),
+                                 origin (seed, literature, test) and the source sentences it
+                                 rests on (quote: the original and where it stands; quote_en:
+                                 the English, which the report prints), the
                                  evidence (ci_lo/ci_hi: the 95 % interval beside the unadjusted
                                  p_value; sim_ci_lo/sim_ci_hi: the simultaneous interval at
                                  confidence sim_ci_level = 1 - alpha/m beside the Holm-adjusted
@@ -19,7 +23,10 @@ BLEU, test perplexity, ROUGE, wall time ...), the per-seed differences tested wi
 t-test (directional claims) or two one-sided tests (claims of equality within a margin, against
 the one-sided test of a difference beyond it, each at half the level), and
 the p-values corrected with Holm's method over all the study's claim comparisons (and for
-adaptive seeds, Bonferroni over the two looks); report/stats.py says why each choice.
+adaptive seeds, Bonferroni over the two looks); report/stats.py says why each choice. Checks
+(`check: true`) are corrected over the checks alone: a check that cannot fail would otherwise
+be a free rejection that eases Holm's later steps for the real claims, and a check's outcome
+(passed / failed) is no verdict on anyone's claim.
 
 Before any test, a comparison is set aside, with the reason as its verdict, when
   * its runs are outside the claim's regime (`regime: {min_epochs | min_steps}`):
@@ -52,7 +59,8 @@ from . import (FAILED_FRACTION, display_name, fmt_num, latex_escape as esc, metr
 from . import stats
 from .stats import ALPHA, MIN_RUNS
 
-CLAIM_COLUMNS = ["claim", "statement", "source", "caveat", "regime", "task", "task_verdict", "task_reason", "metric",
+CLAIM_COLUMNS = ["claim", "kind", "origin", "statement", "source", "quote", "quote_en", "caveat", "regime", "task",
+                 "task_verdict", "task_reason", "metric",
                  "cell", "cell_label", "versus", "versus_label", "expect", "margin", "n_runs", "seeds",
                  "versus_value", "cell_value", "delta", "rel_delta_pct", "sd", "ci_lo", "ci_hi", "p_value", "looks",
                  "p_adjusted", "sim_ci_level", "sim_ci_lo", "sim_ci_hi", "test", "seeds_agree", "p_permutation",
@@ -67,6 +75,10 @@ UNEQUAL_BUDGET = "not tested: unequal training budgets"
 FAILED_AT_ONE_LR = "not tested: failure not shown at every lr"
 TOO_FEW = "too few runs"
 VERDICTS = TESTED + (TOO_FEW, RUN_FAILED, FAILED_AT_ONE_LR, UNEQUAL_BUDGET, NOT_IN_REGIME)
+# A check's outcome in place of a claim's verdict (inconclusive and the set-aside reasons stay).
+CHECK_OUTCOME = {"supported": "passed", "contradicted": "failed"}
+CHECK_OUTCOMES = ("passed", "failed", "inconclusive") + VERDICTS[len(TESTED):]
+QUOTE_SEPARATOR = " || "  # not " | ", which a quoted table row uses between its cells
 BUDGET_TOLERANCE = 0.05  # target tokens of two cells further apart than this are unequal budgets
 # Display names of the per-run metrics a claim may use (the evaluation metrics have theirs in METRICS).
 RUN_METRIC_NAMES = {"wall_s": "Training time (s)", "tokens_per_s": "Target tokens/s", "best_val_loss": "Best val loss",
@@ -237,7 +249,10 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
             v_mean = pd.to_numeric(_flag(both, "v", comp.metric), errors="coerce").mean() if len(both) else np.nan
             margin = comp.margin if comp.margin is not None else (
                 None if comp.margin_pct is None else comp.margin_pct / 100 * abs(v_mean))
-            row = {"claim": claim.name, "statement": claim.statement, "source": claim.source, "caveat": claim.caveat,
+            row = {"claim": claim.name, "kind": "check" if claim.check else "claim", "origin": claim.origin,
+                   "quote": QUOTE_SEPARATOR.join(f'{q.where}: "{q.text}"' for q in claim.quotes),
+                   "quote_en": QUOTE_SEPARATOR.join(f'{q.where}: "{q.english}"' for q in claim.quotes),
+                   "statement": claim.statement, "source": claim.source, "caveat": claim.caveat,
                    "regime": claim.regime.description if claim.regime else "", "task": comp.task,
                    "metric": comp.metric, "cell": comp.cell, "cell_label": labels.get((comp.task, comp.cell), comp.cell),
                    "versus": comp.versus, "versus_label": labels.get((comp.task, comp.versus), comp.versus),
@@ -253,20 +268,24 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
                 row["verdict"], row["reason"] = aside
             rows.append(row)
             evidence.append((comp, ev, margin))
-    tested = [i for i, r in enumerate(rows) if "verdict" not in r]
-    raw = [min(1.0, rows[i]["p_value"] * n_looks) for i in tested]
-    adjusted = stats.holm(raw) if tested else []
-    alpha_runs = ALPHA / max(1, len(tested)) / n_looks  # Holm's strictest step
-    for i, p_adj in zip(tested, adjusted):
-        comp, ev, margin = evidence[i]
-        rows[i]["p_adjusted"] = float(p_adj)
-        rows[i].update(_simultaneous(ev["per_seed"], alpha_runs))
-        rows[i]["verdict"], rows[i]["reason"], rows[i]["runs_needed"] = _decide(comp.expect, ev, float(p_adj), margin,
-                                                                                alpha_runs)
+    for kind in ("claim", "check"):  # two Holm families: the claims, and apart from them the checks
+        tested = [i for i, r in enumerate(rows) if "verdict" not in r and r["kind"] == kind]
+        raw = [min(1.0, rows[i]["p_value"] * n_looks) for i in tested]
+        adjusted = stats.holm(raw) if tested else []
+        alpha_runs = ALPHA / max(1, len(tested)) / n_looks  # Holm's strictest step
+        for i, p_adj in zip(tested, adjusted):
+            comp, ev, margin = evidence[i]
+            rows[i]["p_adjusted"] = float(p_adj)
+            rows[i].update(_simultaneous(ev["per_seed"], alpha_runs))
+            rows[i]["verdict"], rows[i]["reason"], rows[i]["runs_needed"] = _decide(comp.expect, ev, float(p_adj),
+                                                                                    margin, alpha_runs)
     frame = pd.DataFrame(rows, columns=CLAIM_COLUMNS)
     frame[["task_verdict", "task_reason"]] = frame[["task_verdict", "task_reason"]].astype(object)
     for (claim, task), group in frame.groupby(["claim", "task"], sort=False):
         frame.loc[group.index, ["task_verdict", "task_reason"]] = _task_verdict(list(group["verdict"]))
+    checks = frame["kind"] == "check"
+    for col in ("verdict", "task_verdict", "task_reason"):
+        frame.loc[checks, col] = frame.loc[checks, col].replace(CHECK_OUTCOME, regex=col == "task_reason")
     frame["rel_delta_pct"] = 100 * frame["delta"] / frame["versus_value"].abs()
     return frame
 
@@ -342,7 +361,7 @@ def run(study) -> None:
     # Both computed before either is written: a failure leaves the old outputs intact.
     atomic_write_text(claims_path, _csv(claims))
     atomic_write_text(refs_path, _csv(refs))
-    print(f"[claims] {len(study.claims)} claims: {claims_summary(claims, latex=False)} {len(refs)} published "
+    print(f"[claims] {claims_summary(claims, latex=False)} {len(refs)} published "
           f"references: {claims_path.parent}", flush=True)
 
 
@@ -361,7 +380,8 @@ def _signed(x, digits: int) -> str:
     return ("$+$" if x >= 0 else "$-$") + fmt_num(abs(x), digits)
 
 
-_VERDICT_COLOUR = {"supported": "green!45!black", "contradicted": "red!70!black", "inconclusive": "black!60"}
+_VERDICT_COLOUR = {"supported": "green!45!black", "contradicted": "red!70!black", "inconclusive": "black!60",
+                   "passed": "green!45!black", "failed": "red!70!black"}
 
 
 def verdict_tex(verdict: str) -> str:
@@ -374,64 +394,104 @@ def _runs_needed(x) -> str:
     return esc(stats.fmt_runs(float(x)))
 
 
+def _kind(frame: pd.DataFrame) -> pd.Series:
+    """Each row's kind; claims.csv written before checks existed has no column: all claims."""
+    return frame["kind"] if "kind" in frame else pd.Series("claim", index=frame.index)
+
+
+_ORIGIN_LABEL = {"seed": "seed report", "literature": "literature", "test": "test"}
+
+
+def _header(first, per_task: str) -> str:
+    """A claim's or check's header row: statement, origin and source, the sentences it rests on
+    (in English: the template's pdflatex loads no CJK fonts, so a seed report's Chinese original
+    stays in claims.csv, column quote), its verdict in each task, caveat and regime."""
+    origin = first.get("origin") if isinstance(first.get("origin"), str) else ""
+    label = _ORIGIN_LABEL.get(origin, origin)
+    head = (r"\textbf{" + esc(first["statement"]) + r"} \textit{(" + (esc(label) + ": " if label else "")
+            + esc(first["source"]) + r")} --- " + per_task)
+    quotes = first.get("quote_en")
+    if isinstance(quotes, str) and quotes:
+        head += r". \emph{Source:} " + "; ".join(esc(q) for q in quotes.split(QUOTE_SEPARATOR))
+    for key, word in (("regime", "Regime"), ("caveat", "Caveat")):
+        if isinstance(first.get(key), str) and first[key]:
+            head += rf". \emph{{{word}:}} {esc(first[key])}"
+    return r"\multicolumn{9}{@{}p{\linewidth}@{}}{\rule{0pt}{2.6ex}" + head + r"}\\*"
+
+
+def _rows(group: pd.DataFrame) -> list[str]:
+    lines = []
+    for _, r in group.iterrows():
+        d = metric_digits(r["metric"], r["versus_value"]) if not _missing(r["versus_value"]) else 2
+        expect = {"higher": "higher", "lower": "lower"}.get(r["expect"])
+        if expect is None:
+            expect = r"$\approx$ ($\pm$" + fmt_num(r["margin"], d) + ")"
+        runs = str(int(r["n_runs"])) if not _missing(r["n_runs"]) else "0"
+        if r["verdict"] == "inconclusive":
+            runs += r"$\to$" + _runs_needed(r["runs_needed"])
+        verdict = verdict_tex(r["verdict"])
+        if r["verdict"] not in TESTED + tuple(CHECK_OUTCOME.values()) or r["verdict"] == "inconclusive":
+            verdict += r"\newline{\scriptsize " + esc(str(r["reason"])) + "}"
+        lines.append(
+            f"{esc(r['task'])}: {esc(r['cell_label'])} vs {esc(r['versus_label'])} & "
+            f"{esc(RUN_METRIC_NAMES.get(r['metric']) or display_name(r['metric']))} & {expect} & "
+            f"{fmt_num(r['versus_value'], d)}$\\to${fmt_num(r['cell_value'], d)} & "
+            f"{_signed(r['delta'], d)}{_interval(r, d)} & "
+            f"{_p(r['p_adjusted'])} & {_signs(r)} & {runs} & {verdict} \\\\")
+    return lines
+
+
 def claims_latex(frame: pd.DataFrame) -> str:
-    """The claims table: per claim a header (statement, source, its verdict in each task, its
-    caveat and regime), then one row per comparison with the evidence and the verdict's reason."""
+    """The claims table: per claim a header (statement, origin and source, the quoted sentences it
+    rests on, its verdict in each task, its caveat and regime), then one row per comparison with
+    the evidence and the verdict's reason; then, apart, the checks with their outcomes."""
     if frame.empty:
         return ""
     n_looks = int(frame["looks"].iloc[0]) if "looks" in frame and len(frame) else 1
     looks_note = (r" $p_\mathrm{adj}$ and the intervals include the factor 2 of the two looks at adaptive seeds "
                   r"(Bonferroni)." if n_looks > 1 else "")
-    m = int(frame["verdict"].isin(TESTED).sum())  # the Holm family (claims.csv: sim_ci_level)
+    kind = _kind(frame)
+    claims, checks = frame[kind != "check"], frame[kind == "check"]
+    m = int(claims["verdict"].isin(TESTED).sum())  # the claims' Holm family (claims.csv: sim_ci_level)
     level = 1 - ALPHA / max(1, m * n_looks)
     interval_note = (rf"with its simultaneous Student-$t$ interval over runs (confidence $1-{ALPHA:g}/{m * n_looks}$ = "
                      rf"{fmt_num(100 * level, 2 if level < 0.999 else 3)}\,\%: Bonferroni over the {m} tested "
                      "comparisons" + (" and two looks" if n_looks > 1 else "") + ", so that all the intervals hold "
                      "together, as the verdicts do; none for a comparison set aside)" if m else
                      "(no interval: every comparison was set aside)")
+    checks_note = (r" Checks (last): tests of this pipeline, no one's claim, corrected over the checks alone and "
+                   r"not counted in the claims' family; each \emph{passed}, \emph{failed} or is inconclusive."
+                   if len(checks) else "")
     lines = [r"{\footnotesize\setlength{\tabcolsep}{3pt}",
              r"\begin{longtable}{@{}>{\raggedright}p{2.9cm}>{\raggedright}p{1.2cm}>{\raggedright}p{1.0cm}r"
              r">{\raggedright}p{2.5cm}r>{\raggedleft}p{1.1cm}c>{\raggedright\arraybackslash}p{2.2cm}@{}}",
-             r"\caption{Claims tested on this study's training runs, each verdict per task. "
+             r"\caption{Claims tested on this study's training runs, each verdict per task; each claim's header "
+             r"gives its origin (a seed report, the literature, or a test) and the source sentences it rests on, "
+             r"in English (the originals: claims.csv). "
              r"$v\to c$: mean over the runs of the compared-against cell and of the cell; "
              r"$\Delta=c-v$: mean of the per-seed differences " + interval_note + "; "
              r"$p_\mathrm{adj}$: paired $t$-test over runs (TOST for $\approx$), Holm-corrected over all "
-             r"comparisons of the study." + looks_note + r" Signs: how many of the paired runs' differences lie on the "
-             r"predicted side (for $\approx$: within the margin), and from 6 runs $p_\pm$, the exact sign-flip "
+             r"claim comparisons of the study." + looks_note + r" Signs: how many of the paired runs' differences lie "
+             r"on the predicted side (for $\approx$: within the margin), and from 6 runs $p_\pm$, the exact sign-flip "
              r"permutation $p$ of a zero mean difference (all $2^n$ sign assignments, two-sided, unadjusted): "
              r"checks without the normality the $t$-test assumes; no verdict rests on them."
              r" Runs: paired runs behind the comparison, and for an "
              r"unsettled one the runs per cell a paired test would need for 80\,\% power at the observed effect "
-             r"and spread.}\label{tab:claims}\\",
+             r"and spread." + checks_note + r"}\label{tab:claims}\\",
              r"\toprule", r"Comparison ($c$ vs $v$) & Metric & Expect & $v\to c$ & $\Delta$ [simult.\ CI] & "
              r"$p_\mathrm{adj}$ & Signs & Runs & Verdict \\", r"\midrule", r"\endhead", r"\bottomrule", r"\endfoot"]
-    for name, group in frame.groupby("claim", sort=False):
-        first = group.iloc[0]
-        per_task = "; ".join(f"{esc(t)}: \\textbf{{{verdict_tex(g['task_verdict'].iloc[0])}}}"
-                             for t, g in group.groupby("task", sort=False))
-        head = (r"\textbf{" + esc(first["statement"]) + r"} \textit{(" + esc(first["source"]) + r")} --- "
-                + per_task)
-        for key, word in (("regime", "Regime"), ("caveat", "Caveat")):
-            if isinstance(first.get(key), str) and first[key]:
-                head += rf". \emph{{{word}:}} {esc(first[key])}"
-        lines.append(r"\multicolumn{9}{@{}p{\linewidth}@{}}{\rule{0pt}{2.6ex}" + head + r"}\\*")
-        for _, r in group.iterrows():
-            d = metric_digits(r["metric"], r["versus_value"]) if not _missing(r["versus_value"]) else 2
-            expect = {"higher": "higher", "lower": "lower"}.get(r["expect"])
-            if expect is None:
-                expect = r"$\approx$ ($\pm$" + fmt_num(r["margin"], d) + ")"
-            runs = str(int(r["n_runs"])) if not _missing(r["n_runs"]) else "0"
-            if r["verdict"] == "inconclusive":
-                runs += r"$\to$" + _runs_needed(r["runs_needed"])
-            verdict = verdict_tex(r["verdict"])
-            if r["verdict"] not in TESTED or r["verdict"] == "inconclusive":
-                verdict += r"\newline{\scriptsize " + esc(str(r["reason"])) + "}"
-            lines.append(
-                f"{esc(r['task'])}: {esc(r['cell_label'])} vs {esc(r['versus_label'])} & "
-                f"{esc(RUN_METRIC_NAMES.get(r['metric']) or display_name(r['metric']))} & {expect} & "
-                f"{fmt_num(r['versus_value'], d)}$\\to${fmt_num(r['cell_value'], d)} & "
-                f"{_signed(r['delta'], d)}{_interval(r, d)} & "
-                f"{_p(r['p_adjusted'])} & {_signs(r)} & {runs} & {verdict} \\\\")
+    checks_title = (r"Checks: tests of this pipeline, not claims of any report (Holm over the checks alone; "
+                    r"outcome in place of a verdict)")
+    for part, title in ((claims, ""), (checks, checks_title)):
+        if part.empty:
+            continue
+        if title:
+            lines += [r"\midrule", r"\multicolumn{9}{@{}l@{}}{\rule{0pt}{2.6ex}\textbf{" + title + r"}}\\*"]
+        for name, group in part.groupby("claim", sort=False):
+            per_task = "; ".join(f"{esc(t)}: \\textbf{{{verdict_tex(g['task_verdict'].iloc[0])}}}"
+                                 for t, g in group.groupby("task", sort=False))
+            lines.append(_header(group.iloc[0], per_task))
+            lines += _rows(group)
     lines += [r"\end{longtable}}"]
     return "\n".join(lines) + "\n"
 
@@ -453,12 +513,19 @@ def _interval(r, digits: int) -> str:
 
 
 def claims_summary(frame: pd.DataFrame, latex: bool = True) -> str:
-    """One sentence: how many claim x task verdicts of each kind."""
+    """One sentence: how many claim x task verdicts of each kind (and one on the checks, if any)."""
     per_task = frame.drop_duplicates(["claim", "task"])
-    counts = per_task["task_verdict"].value_counts()
+    kind = _kind(per_task)
+    claims, checks = per_task[kind != "check"], per_task[kind == "check"]
+    counts = claims["task_verdict"].value_counts()
     parts = [f"{counts[v]} {v}" for v in VERDICTS if counts.get(v, 0)]
-    claims = per_task["claim"].nunique()
-    text = (f"{claims} claims give {len(per_task)} verdicts (one per claim and task): " + ", ".join(parts) + ".")
+    text = (f"{claims['claim'].nunique()} claims give {len(claims)} verdicts (one per claim and task): "
+            + ", ".join(parts) + ".")
+    if len(checks):
+        counts = checks["task_verdict"].value_counts()
+        n = checks["claim"].nunique()
+        text += (f" {n} check{'s' if n != 1 else ''} of the pipeline, judged apart: "
+                 + ", ".join(f"{counts[v]} {v}" for v in CHECK_OUTCOMES if counts.get(v, 0)) + ".")
     return esc(text) if latex else text
 
 

@@ -24,7 +24,9 @@ def decide(study, claims) -> tuple[list[dict], list[dict]]:
     decisions, extend = [], []
     for r in claims.to_dict("records"):
         need = r.get("runs_needed")
-        if r["verdict"] in ("supported", "contradicted"):
+        if r.get("kind") == "check":  # more runs are spent on claims, not on the pipeline's own tests
+            decision = f"no more runs (a check: {r['verdict']})"
+        elif r["verdict"] in ("supported", "contradicted"):
             decision = "settled"
         elif r["verdict"] != "inconclusive":
             decision = f"no more runs ({r['verdict']})"
