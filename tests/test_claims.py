@@ -512,3 +512,19 @@ def test_gpu_study_runner_refuses_cleanly_without_a_gpu(tmp_path):
         marker.unlink(missing_ok=True)
         if made:
             marker.parent.rmdir()
+
+
+def test_a_verdict_on_runs_that_had_not_converged_holds_at_this_budget(stage, monkeypatch):
+    from pipeline_src.report import aggregate
+
+    monkeypatch.chdir(stage["root"])
+    study = stage["study"]
+    res = aggregate.collect_results(study)
+    converged = _with_runs(study, res.assign(converged=True), "tr_task", "pe_none", converged=True)
+    row = _row(C.evaluate_claims(study, converged), "pe_hurts")
+    assert row["verdict"] in C.TESTED and "at this budget" not in row["reason"]
+    still_improving = _with_runs(study, res.assign(converged=True), "tr_task", "pe_none", converged=False)
+    row = _row(C.evaluate_claims(study, still_improving), "pe_hurts")
+    n = int(row["n_runs"])
+    assert row["reason"].endswith(f"; at this budget: {n} of the {2 * n} runs compared had not converged (validation "
+                                  f"still improving when they ended)"), row["reason"]

@@ -41,7 +41,8 @@ Otherwise: expect higher/lower -> supported (adjusted p < alpha, effect on the e
 contradicted (adjusted p < alpha, the other side) or inconclusive; expect equal -> supported
 (equivalent within the margin), contradicted (different beyond it) or inconclusive. An
 inconclusive comparison gets the runs a paired test would need for 80 % power at the observed
-effect and spread. A claim's verdict is given per task; no task overrides another.
+effect and spread. A verdict whose runs include some that had not converged (validation still
+improving at their end; results.csv `converged`) says it holds "at this budget", and how many. A claim's verdict is given per task; no task overrides another.
 """
 from __future__ import annotations
 
@@ -102,8 +103,8 @@ def _paired(results: pd.DataFrame, comp) -> pd.DataFrame:
     rows = results[results["task"] == comp.task]
     if comp.metric not in rows or rows[comp.metric].isna().all():
         raise StageError(f"results.csv: column {comp.metric} missing for task {comp.task}")
-    cols = list(dict.fromkeys(c for c in (comp.metric, "failed", "failure", "train_tokens", "epochs_seen", "steps")
-                              if c in rows))
+    cols = list(dict.fromkeys(c for c in (comp.metric, "failed", "failure", "train_tokens", "epochs_seen", "steps",
+                                          "converged") if c in rows))
     cell = rows[rows["cell"] == comp.cell].set_index("seed")[cols]
     versus = rows[rows["cell"] == comp.versus].set_index("seed")[cols]
     return pd.merge(cell, versus, left_index=True, right_index=True, suffixes=("_c", "_v")).sort_index()
@@ -129,6 +130,14 @@ def _trains_at_another_lr(study, task: str, cell: str) -> str:
                 f"{trained[0]['best_val_loss']:.2f}, unigram {trained[0]['unigram_val_loss']:.2f}), so its runs' "
                 f"failure is not the predicted effect")
     return ""
+
+
+def _at_this_budget(both: pd.DataFrame) -> str:
+    """What a verdict adds when some of its runs were still improving at their end (convergence.py)."""
+    flags = [str(v).lower() for side in ("c", "v") for v in _flag(both, side, "converged", None)]
+    n_not = flags.count("false")
+    return (f"; at this budget: {n_not} of the {len(flags)} runs compared had not converged (validation still "
+            f"improving when they ended)") if n_not else ""
 
 
 def _set_aside(study, claim, comp, both: pd.DataFrame) -> tuple[str, str] | None:
@@ -242,7 +251,7 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
     """Every claim comparison of the study judged on the runs in `results` (results.csv rows)."""
     labels = {(r["task"], r["cell"]): r["label"] for r in results.to_dict("records")}
     n_looks = looks(study)
-    rows, evidence = [], []
+    rows, evidence, both_of = [], [], []
     for claim in study.claims:
         for comp in claim.comparisons:
             both = _paired(results, comp)
@@ -268,6 +277,7 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
                 row["verdict"], row["reason"] = aside
             rows.append(row)
             evidence.append((comp, ev, margin))
+            both_of.append(both)
     for kind in ("claim", "check"):  # two Holm families: the claims, and apart from them the checks
         tested = [i for i, r in enumerate(rows) if "verdict" not in r and r["kind"] == kind]
         raw = [min(1.0, rows[i]["p_value"] * n_looks) for i in tested]
@@ -279,6 +289,7 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
             rows[i].update(_simultaneous(ev["per_seed"], alpha_runs))
             rows[i]["verdict"], rows[i]["reason"], rows[i]["runs_needed"] = _decide(comp.expect, ev, float(p_adj),
                                                                                     margin, alpha_runs)
+            rows[i]["reason"] += _at_this_budget(both_of[i])
     frame = pd.DataFrame(rows, columns=CLAIM_COLUMNS)
     frame[["task_verdict", "task_reason"]] = frame[["task_verdict", "task_reason"]].astype(object)
     for (claim, task), group in frame.groupby(["claim", "task"], sort=False):
