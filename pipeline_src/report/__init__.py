@@ -200,7 +200,7 @@ _UNICODE_MAP = {
     "\u00bf": r"\textquestiondown{}", "\u2020": r"\dag{}", "\u2021": r"\ddag{}", "\u2191": r"$\uparrow$",
     "\u2193": r"$\downarrow$", "\u2192": r"$\rightarrow$", "\u2190": r"$\leftarrow$", "\u2264": r"$\leq$",
     "\u2265": r"$\geq$", "\u0394": r"$\Delta$", "\u03b1": r"$\alpha$", "\u03b5": r"$\epsilon$",
-    "\u2248": r"$\approx$", "\u2581": r"\_",
+    "\u2248": r"$\approx$", "\u2581": r"\_", "\u25e6": r"$\circ$",
 }
 
 

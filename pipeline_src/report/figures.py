@@ -203,6 +203,7 @@ def ablation_figure(study, task, summary: pd.DataFrame, sig: pd.DataFrame, color
             for k, (bar, cell) in enumerate(zip(bars, rows.index)):
                 leaks = _truthy(rows.loc[cell, "leaks_future"])
                 failed = float(rows.loc[cell].get("n_failed", 0) or 0) > 0
+                unconverged = float(rows.loc[cell].get("n_unconverged", 0) or 0) > 0
                 if leaks:
                     bar.set_hatch("///")
                     bar.set_edgecolor("#b00000")
@@ -214,7 +215,8 @@ def ablation_figure(study, task, summary: pd.DataFrame, sig: pd.DataFrame, color
                 end = (mean[k] if np.isfinite(mean[k]) else 0) + std[k]
                 xmax = max(xmax, end if np.isfinite(end) else 0)
                 mark = ("\u2020" if p is not None and p < ALPHA else "") + (" leaks" if leaks and j == 0 else "") \
-                    + (" failed to train" if failed and j == 0 else "")
+                    + (" failed to train" if failed and j == 0 else "") \
+                    + (" \u25e6" if unconverged and j == 0 else "")
                 if mark:
                     ax.text(end, y[k] + off, " " + mark, va="center", ha="left", fontsize=7,
                             color="#b00000" if leaks else "#222222")
@@ -240,7 +242,8 @@ def ablation_figure(study, task, summary: pd.DataFrame, sig: pd.DataFrame, color
             "caption": f"Ablations on {task.name}: mean and standard deviation over seeds; dotted line: the "
                        f"baseline cell ({task.baseline_cell}); \u2020: different from the baseline over training "
                        f"runs (paired t over seeds, Benjamini-Hochberg q < {ALPHA}); hatched: leaks the future; "
-                       "cross-hatched and faded: a run failed to train."}
+                       "cross-hatched and faded: a run failed to train; \u25e6: some runs had not converged (validation "
+                       "still improving when they ended: the bar holds at this budget)."}
 
 
 # --- data size: learning curves ------------------------------------------------------------------
