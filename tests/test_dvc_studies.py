@@ -125,8 +125,9 @@ def test_a_fresh_clone_warns_of_nothing_and_shows_no_run_file_columns(repo, tmp_
     paths = [c for c in columns if c.startswith(("data/", "reports/", "pipeline_src/"))]
     assert not [c for c in paths if c.endswith(RUN_FILES)], [c for c in paths if c.endswith(RUN_FILES)][:5]
     # (3,331 columns, 2,449 of them paths, before the fan-in stages depended on folders; 1,623 once
-    # the GPU study's PTB metrics were committed)
-    assert len(columns) < 1700, len(columns)
+    # the GPU study's PTB metrics were committed; 1,725 once every claim quotes its source, which
+    # the claims stage reads as params)
+    assert len(columns) < 1800, len(columns)
 
 
 def test_studies_run_and_not_run_side_by_side(repo):
