@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import json
 import os
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -346,9 +348,6 @@ def cpu_name() -> str:
 
 def utc_stamp(unix_s: float | None = None, timespec: str = "seconds") -> str:
     """An ISO 8601 UTC time ("...+00:00"), of `unix_s` or now, to `timespec` precision."""
-    import datetime
-    import time
-
     when = time.time() if unix_s is None else unix_s
     return datetime.datetime.fromtimestamp(when, datetime.timezone.utc).isoformat(timespec=timespec)
 

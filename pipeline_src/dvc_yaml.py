@@ -165,12 +165,13 @@ def _render_stage(study: Study, stage: str, jobs: list[Job], stages: dict) -> No
 def stale_message(study: Study) -> str | None:
     """None if the study's dvc.yaml is what its params file makes now; else one line saying how
     to regenerate it. Every stage run by DVC asks this first (DVC sets DVC_STAGE): after cells,
-    seeds or tasks change, a stale dvc.yaml would run yesterday's DAG."""
+    seeds, tasks or a stage's imports change, a stale dvc.yaml would run yesterday's DAG."""
     path = dvc_yaml_path(study)
     current = path.read_text() if path.exists() else ""
     if current == render(study):
         return None
-    return (f"{path} is out of date with {study.path} (its cells, seeds or tasks changed): run "
+    return (f"{path} is out of date with {study.path} (its cells, seeds or tasks, or the modules a stage "
+            f"imports, changed): run "
             f"`python -m pipeline_src dvc-yaml --params {study.path}` (or `make dvc-yaml`), then `dvc repro` again")
 
 

@@ -10,7 +10,10 @@ the files, Snakemake compares their modification times. Nothing is listed by han
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
+import json
+import os
 from pathlib import Path
 
 PACKAGE = "pipeline_src"
@@ -46,11 +49,35 @@ def imported(name: str, path: Path, mods: dict[str, Path]) -> list[tuple[str, bo
     return found
 
 
+# Parsing the package takes ~0.3 s, and every stage DVC runs builds the stage table first (its
+# staleness check): each module's imports are kept beside its bytecode until the file changes.
+CACHE = ROOT / PACKAGE / "__pycache__" / "import_graph.json"
+
+
 @functools.lru_cache(maxsize=1)
 def import_graph() -> dict[str, frozenset[str]]:
     """module -> the package modules it imports (anywhere in it)."""
     mods = modules()
-    return {name: frozenset(m for m, _ in imported(name, path, mods)) for name, path in mods.items()}
+    try:
+        cache = json.loads(CACHE.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if cache.get("modules") != sorted(mods):  # a module added or removed changes what counts
+        cache = {"modules": sorted(mods), "files": {}}
+    files, changed = cache["files"], False
+    for name, path in mods.items():
+        st = path.stat()
+        stamp = [st.st_mtime_ns, st.st_size]
+        if files.get(name, {}).get("stamp") != stamp:
+            files[name] = {"stamp": stamp, "imports": sorted({m for m, _ in imported(name, path, mods)})}
+            changed = True
+    if changed:
+        with contextlib.suppress(OSError):  # a read-only install parses every time
+            CACHE.parent.mkdir(exist_ok=True)
+            tmp = CACHE.with_name(f"{CACHE.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache))
+            os.replace(tmp, CACHE)
+    return {name: frozenset(files[name]["imports"]) for name in mods}
 
 
 def _with_parents(name: str) -> list[str]:

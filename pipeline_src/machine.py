@@ -12,6 +12,7 @@ that way is another machine kind than the same CPU with its own kernels.
 """
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -43,8 +44,6 @@ def _cpuinfo() -> dict[str, str]:
 
 def facts(precision: str, device: str = "cpu") -> dict:
     """This process's machine facts, as a run records them (`device`: "cpu" or the GPU's name)."""
-    import os
-
     import numpy
     import torch
 

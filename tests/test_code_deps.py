@@ -90,3 +90,27 @@ def test_a_task_level_lr_grid_tunes_every_cell_the_same_way(tmp_path):
     assert tuned == set(study.task("reorder").cells) == {"baseline", "pe_none"}
     for job in (j for j in jobs if j.stage == "train"):
         assert stages.tune_path(study, "reorder", job.wildcards["cell"]) in job.deps
+
+
+def test_the_cached_graph_follows_an_edited_module(tmp_path, monkeypatch):
+    """The graph is kept beside the bytecode; an edit that adds an import shows in the next build."""
+    import shutil
+
+    shutil.copytree(ROOT / "pipeline_src", tmp_path / "pipeline_src", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(imports, "ROOT", tmp_path)
+    monkeypatch.setattr(imports, "CACHE", tmp_path / "pipeline_src" / "__pycache__" / "import_graph.json")
+
+    def fresh():
+        imports.modules.cache_clear()
+        imports.import_graph.cache_clear()
+        return imports.import_graph()
+
+    try:
+        assert "pipeline_src.train" not in fresh()["pipeline_src.report.figures"]
+        assert imports.CACHE.is_file()
+        figures = tmp_path / "pipeline_src" / "report" / "figures.py"
+        figures.write_text(figures.read_text() + "\n\ndef _late():\n    from ..train import Trainer  # noqa\n")
+        assert "pipeline_src.train" in fresh()["pipeline_src.report.figures"]
+    finally:
+        imports.modules.cache_clear()
+        imports.import_graph.cache_clear()

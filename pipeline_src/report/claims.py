@@ -251,7 +251,7 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
     """Every claim comparison of the study judged on the runs in `results` (results.csv rows)."""
     labels = {(r["task"], r["cell"]): r["label"] for r in results.to_dict("records")}
     n_looks = looks(study)
-    rows, evidence, both_of = [], [], []
+    rows, evidence = [], []
     for claim in study.claims:
         for comp in claim.comparisons:
             both = _paired(results, comp)
@@ -276,20 +276,19 @@ def evaluate_claims(study, results: pd.DataFrame) -> pd.DataFrame:
             if aside:
                 row["verdict"], row["reason"] = aside
             rows.append(row)
-            evidence.append((comp, ev, margin))
-            both_of.append(both)
+            evidence.append((comp, ev, margin, both))
     for kind in ("claim", "check"):  # two Holm families: the claims, and apart from them the checks
         tested = [i for i, r in enumerate(rows) if "verdict" not in r and r["kind"] == kind]
         raw = [min(1.0, rows[i]["p_value"] * n_looks) for i in tested]
         adjusted = stats.holm(raw) if tested else []
         alpha_runs = ALPHA / max(1, len(tested)) / n_looks  # Holm's strictest step
         for i, p_adj in zip(tested, adjusted):
-            comp, ev, margin = evidence[i]
+            comp, ev, margin, both = evidence[i]
             rows[i]["p_adjusted"] = float(p_adj)
             rows[i].update(_simultaneous(ev["per_seed"], alpha_runs))
             rows[i]["verdict"], rows[i]["reason"], rows[i]["runs_needed"] = _decide(comp.expect, ev, float(p_adj),
                                                                                     margin, alpha_runs)
-            rows[i]["reason"] += _at_this_budget(both_of[i])
+            rows[i]["reason"] += _at_this_budget(both)
     frame = pd.DataFrame(rows, columns=CLAIM_COLUMNS)
     frame[["task_verdict", "task_reason"]] = frame[["task_verdict", "task_reason"]].astype(object)
     for (claim, task), group in frame.groupby(["claim", "task"], sort=False):
