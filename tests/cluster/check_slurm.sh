@@ -9,6 +9,8 @@
 # Leaves the scratch repository with the finished study in $CLUSTER_WORK/repo (for
 # check_dvc_remote.sh). Needs SLURM_CONF (or /etc/slurm/slurm.conf) and the venv on PATH.
 set -euo pipefail
+# A command that fails names itself and its line (set -e alone would end the script silently).
+trap 'echo "FAIL: $0 line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${CLUSTER_WORK:-/tmp/pipeline-cluster-check}
 PARAMS=workflow/studies/tiny/params.yaml

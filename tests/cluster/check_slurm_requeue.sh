@@ -11,6 +11,8 @@
 #     lists its stops, and train_metrics.json equals the local run's byte for byte.
 # Needs SLURM_CONF (or /etc/slurm/slurm.conf) and the venv on PATH.
 set -euo pipefail
+# A command that fails names itself and its line (set -e alone would end the script silently).
+trap 'echo "FAIL: $0 line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 WORK=${CLUSTER_WORK:-/tmp/pipeline-cluster-check}-requeue
 PARAMS=workflow/studies/requeue/params.yaml
