@@ -127,7 +127,10 @@ def _run(args, study) -> int | None:
         jobs = build_jobs(study)
         print(f"{study.path}: study {study.name!r} is valid: {len(study.tasks)} tasks, "
               f"{len(jobs)} jobs ({sum(j.stage == 'train' for j in jobs)} training runs)")
-        from .estimate import summary
+        from .estimate import matched_parameters, summary
+        matched = matched_parameters(study)
+        if matched:
+            print("cells matched in parameters (params_match):\n" + "\n".join(matched))
         print(summary(study))
         return 0
     if stage == "download":

@@ -34,11 +34,15 @@ EXAMPLE_METRICS = {
 }
 # ... and the training outcome and cost of a run. s_per_mtok: wall seconds per million target
 # tokens, the speed of cells whose budgets or batches differ.
+# train_flops_per_tgt_token: the training FLOPs of the run's real batches per target token, and
+# processed_tokens_per_step: source and target tokens a step put through the model (both counted
+# by the trainer, so a busy machine does not move them as it moves wall time).
 RUN_METRICS = ("val_ppl", "best_val_loss", "final_val_loss", "final_train_loss", "tokens_per_s", "wall_s",
-               "s_per_mtok", "steps", "mfu", "peak_mem_mb")
+               "s_per_mtok", "steps", "mfu", "peak_mem_mb", "train_flops_per_tgt_token", "processed_tokens_per_step")
 # Metrics that are rates, comparable between runs of different lengths; any other metric is
 # compared only between cells that saw the same number of target tokens.
-BUDGET_FREE_METRICS = ("tokens_per_s", "s_per_mtok", "mfu", "peak_mem_mb")
+BUDGET_FREE_METRICS = ("tokens_per_s", "s_per_mtok", "mfu", "peak_mem_mb", "train_flops_per_tgt_token",
+                       "processed_tokens_per_step")
 # Metrics a reference may quote: any evaluation metric of the task kind.
 REFERENCE_METRICS = {
     "translation": ("bleu", "chrf", "test_ppl", "val_ppl", "test_loss", "val_loss"),

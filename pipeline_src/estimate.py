@@ -23,9 +23,12 @@ import json
 import os
 from pathlib import Path
 
+from .common import ConfigError
 from .config import Study
 from .data.tokens import BOS, EOS, PAD
-from .model import ModelConfig, flops_per_token
+from .model import ModelConfig, Transformer, count_parameters, flops_per_token
+
+PARAMS_MATCH_TOLERANCE = 0.01  # a cell's `params_match`: the largest relative difference accepted
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_FILES = (ROOT / "reports" / "bench" / "real_cell.json",
@@ -53,6 +56,41 @@ def job_compute(study: Study, task: str, cell_name: str) -> tuple[float, float]:
     trials = len(t.lr_grid or ()) * (t.lr_tune_steps or t.max_steps) * t.grad_accum * per_step
     tokens += trials / max(1, len(study.first_seeds))
     return tokens, 3 * fpt * tokens
+
+
+def cell_parameters(study: Study, task: str, cell_name: str) -> int:
+    """Trainable parameters of a cell's model at its tokenizer's configured vocabulary, counted
+    on torch's meta device (shapes only, no memory)."""
+    import torch
+
+    cell = study.cell(task, cell_name)
+    vocab = study.bpe_config(task, cell.fv, cell.tv).vocab_size
+    with torch.device("meta"):
+        model = Transformer(ModelConfig(vocab_size=vocab, pad_id=PAD, bos_id=BOS, eos_id=EOS, **cell.model))
+    return count_parameters(model)
+
+
+def matched_parameters(study: Study) -> list[str]:
+    """One line per cell that declares `params_match`, in every task that trains it and the cell it
+    matches; ConfigError (naming both cells) where the counts differ by more than 1 %."""
+    lines = []
+    for task in study.tasks.values():
+        for name in task.cells:
+            target = (study.raw.get("cells", {}).get(name) or {}).get("params_match")
+            if not target:
+                continue
+            if target not in task.cells:
+                raise ConfigError(f"{study.path}: cells.{name}.params_match: cell {target!r} is not trained by task "
+                                  f"{task.name!r}, which trains {name!r}")
+            ours, theirs = cell_parameters(study, task.name, name), cell_parameters(study, task.name, target)
+            share = abs(ours - theirs) / theirs
+            if share > PARAMS_MATCH_TOLERANCE:
+                raise ConfigError(f"{study.path}: cells.{name}.params_match: {name} has {ours:,} parameters in task "
+                                  f"{task.name!r}, {target} {theirs:,} ({100 * share:.1f} % apart; at most "
+                                  f"{100 * PARAMS_MATCH_TOLERANCE:g} %)")
+            lines.append(f"  {task.name}: {name} has {ours:,} parameters, {target} {theirs:,} "
+                         f"({100 * (ours - theirs) / theirs:+.2f} %)")
+    return lines
 
 
 def measured_throughput(files=None, device: str = "cuda") -> tuple[float, str] | None:

@@ -31,7 +31,7 @@ from .config import CellConfig, Study
 from .data.tokens import BOS, EOS, PAD, load_spm
 from .gpu_slots import select_device
 from .live_log import LiveLog
-from .model import ModelConfig, Transformer, count_parameters, flops_per_token
+from .model import ModelConfig, Transformer, batch_training_flops, count_parameters, flops_per_token
 from .model.checkpoint import load_trained_model  # noqa: F401 (train.load_trained_model: its readers)
 from .optim import adamw
 from .precision import autocast
@@ -176,6 +176,12 @@ class Trainer:
         total_tokens = sum(target_tokens(b) for b in micro)  # over the global batch, on the host copies
         # (every rank counts the global batch, so that all ranks stop at the same step)
         state["global_target_tokens"] = state.get("global_target_tokens", 0) + total_tokens
+        # What the step computed, from the batches' real shapes (not wall time, which a shared
+        # machine blurs): the speed of cells whose steps differ in kind (decoder-only vs encoder-decoder).
+        state["train_flops"] = state.get("train_flops", 0.0) + sum(
+            batch_training_flops(self.model_cfg, tuple(b["src"].shape) if b.get("src") is not None else None,
+                                 tuple(b["tgt_in"].shape)) for b in micro)
+        state["processed_tokens"] = state.get("processed_tokens", 0) + sum(processed_tokens(b) for b in micro)
         parts = [shard(b, self.rank, self.world) for b in micro]
         step_tokens, loss_sum = sum(target_tokens(p) for p in parts), torch.zeros((), device=device)
         self.meter.start_step(parts)
@@ -366,6 +372,13 @@ def target_tokens(batch: dict) -> int:
     """Loss-bearing tokens of a batch. Call it on the host copy: on a GPU tensor it would stall
     the CPU until the queued work is done."""
     return int((batch["tgt_out"] != PAD).sum())
+
+
+def processed_tokens(batch: dict) -> int:
+    """Source and target tokens (not padding) that went into the model: a decoder-only batch
+    holds both in one sequence, an encoder-decoder batch in two."""
+    src = batch.get("src")
+    return int((batch["tgt_in"] != PAD).sum()) + (int((src != PAD).sum()) if src is not None else 0)
 
 
 def sequence_loss(model, batch: dict, label_smoothing: float = 0.0, reduction: str = "sum",

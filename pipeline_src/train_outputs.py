@@ -84,6 +84,9 @@ def cost_record(run) -> dict:
                                  torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
         "achieved_flops": 3 * fpt * tokens_per_s,  # the convention of estimate.py (FLOPs at the max lengths)
+        # measured from every step's batches (train.py): what the run computed and read
+        "train_flops": run.state.get("train_flops", 0.0), "processed_tokens": run.state.get("processed_tokens", 0),
+        "target_tokens": run.state.get("global_target_tokens", run.state["train_tokens"]),
         "resumed_from_step": run.resumed_from, "stops": run.state.get("stops", []), "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),
         "warmup_s": meter.warmup_s, "allocator": allocator.state(), "compiled": run.compiled, "cuda_graphs": run.graphs,
         "compile_scope": t.compile_scope if run.compiled else None,

@@ -179,10 +179,18 @@ def test_a_target_token_budget_gives_a_decoder_only_cell_the_same_target_tokens(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PIPELINE_QUIET", "1")
     study = load_study("tiny.yaml")
-    seen = {}
+    seen, shapes, counted = {}, [], train.batch_training_flops
+    monkeypatch.setattr(train, "batch_training_flops", lambda cfg, src, tgt: shapes.append((cfg, src, tgt)) or
+                        counted(cfg, src, tgt))
     for cell in ("baseline", "decoder_only"):
+        shapes.clear()
         train.run(study, "reorder", cell, 0)
         tm = json.loads(Path(f"data/tiny/runs/reorder/{cell}/seed0/train_metrics.json").read_text())
+        cost = json.loads(Path(f"data/tiny/runs/reorder/{cell}/seed0/cost.json").read_text())
+        # the FLOPs and tokens the trainer counted: one batch a step, at the batch's real shapes
+        assert len(shapes) == tm["steps"] and all((src is None) == (cell == "decoder_only") for _, src, _ in shapes)
+        assert cost["train_flops"] == pytest.approx(sum(counted(*call) for call in shapes), rel=1e-12)
+        assert cost["target_tokens"] == tm["train_tokens"] < cost["processed_tokens"]  # + the source's tokens
         info = json.loads(Path(f"data/tiny/runs/reorder/{cell}/seed0/train_info.json").read_text())
         log = Path(f"data/tiny/runs/reorder/{cell}/seed0/train_log.tsv").read_text().splitlines()
         assert info["stop_reason"] == "max_target_tokens" and 6000 <= tm["train_tokens"] < 6000 + 600

@@ -314,3 +314,24 @@ def test_a_stage_exits_fast_yet_flushes_output_and_runs_exit_handlers(tmp_path):
                            "--params", str(FIXTURES / "valid_tiny.yaml")], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and "is valid" in proc.stdout
     assert profile.stat().st_size > 0
+
+
+def test_params_match_is_checked_and_shipped_matched_cells_are_within_one_percent(tmp_path):
+    """A cell that declares `params_match` must have the named cell's parameter count within 1 %:
+    validate prints both counts, and refuses (one line naming both cells) where they drift apart."""
+    import yaml
+
+    from pipeline_src.estimate import matched_parameters
+    for name in ("demo", "cpu", "gpu"):
+        lines = matched_parameters(load_study(ROOT / f"workflow/studies/{name}/params.yaml"))
+        assert lines and all("decoder_only" in line for line in lines), name
+    params = yaml.safe_load((ROOT / "workflow/studies/demo/params.yaml").read_text())
+    params["cells"]["decoder_only"]["model"] = {"arch": "decoder_only"}  # 2 layers: 19 % fewer parameters
+    bad = tmp_path / "params.yaml"
+    bad.write_text(yaml.safe_dump(params, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"cells\.decoder_only\.params_match: decoder_only has [\d,]+ parameters in "
+                                          r"task 'reorder', baseline [\d,]+ \(\d+\.\d % apart; at most 1 %\)"):
+        matched_parameters(load_study(bad))
+    proc = subprocess.run([sys.executable, "-m", "pipeline_src", "validate", "--params", str(bad)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and len(proc.stderr.strip().splitlines()) == 1 and "params_match" in proc.stderr

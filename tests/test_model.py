@@ -876,3 +876,17 @@ def test_embed_init_normal_is_the_default_and_draws_unit_size_entries():
 def test_embed_init_must_be_known():
     with pytest.raises(ValueError, match="model.embed_init"):
         make(embed_init="uniform")
+
+
+def test_batch_training_flops_are_three_forward_passes_at_the_batch_shapes():
+    """A batch's training FLOPs: 3 x rows x its padded length x FLOPs per token at those lengths;
+    a decoder-only batch holds source and target in one sequence, so for the same pair it costs
+    more than the encoder-decoder, whose encoder has no output layer and whose target-side
+    layers see only the target."""
+    from pipeline_src.model import batch_training_flops
+    enc_dec = ModelConfig(vocab_size=1000, d_model=64, n_heads=4, d_ff=256, enc_layers=2, dec_layers=2)
+    dec = ModelConfig(vocab_size=1000, arch="decoder_only", d_model=64, n_heads=4, d_ff=256, dec_layers=2)
+    assert batch_training_flops(enc_dec, (8, 20), (8, 24)) == 3 * 8 * 24 * flops_per_token(enc_dec, 20, 24)
+    assert batch_training_flops(dec, None, (8, 45)) == 3 * 8 * 45 * flops_per_token(dec, 0, 45)
+    assert batch_training_flops(dec, None, (8, 45)) > batch_training_flops(enc_dec, (8, 20), (8, 24))
+    assert batch_training_flops(enc_dec, (0, 20), (0, 24)) == 0.0

@@ -90,6 +90,9 @@ def test_results_one_row_per_run_and_summary_mean_std(in_root):
     assert row["bleu_std"] == pytest.approx(np.std(values, ddof=1), rel=1e-5)  # sample std
     assert row["n_seeds"] == 3 and row["n_failed"] == 0
     assert not results["failed"].any() and "s_per_mtok" in results
+    # rates from the trainer's own counts (cost.json), per target token and per step
+    assert results["train_flops_per_tgt_token"].to_numpy() == pytest.approx(18.0 * results["n_params"].to_numpy())
+    assert results["processed_tokens_per_step"].to_numpy() == pytest.approx(2 * results["train_tokens"] / results["steps"])
     # an lm run's window, stride and mean context (lm_eval) are settings, not metrics: no column, no test
     assert not [c for c in results if c.startswith("lm_")] and "lm_eval" in _lm_eval_metrics(study)
     leaks = summary.set_index(["task", "cell"])["leaks_future"]

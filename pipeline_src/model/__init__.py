@@ -10,9 +10,10 @@
     static_decode.py  the same beam search in static shapes (GPU; CUDA graphs)
     accounting.py   parameter and FLOP counts
 """
-from .accounting import count_parameters, flops_per_token
+from .accounting import batch_training_flops, count_parameters, flops_per_token
 from .config import ModelConfig
 from .decode import beam_search, greedy_decode
 from .transformer import Transformer
 
-__all__ = ["ModelConfig", "Transformer", "greedy_decode", "beam_search", "count_parameters", "flops_per_token"]
+__all__ = ["ModelConfig", "Transformer", "greedy_decode", "beam_search", "count_parameters", "flops_per_token",
+           "batch_training_flops"]

@@ -60,3 +60,18 @@ def flops_per_token(cfg: ModelConfig, src_len: int, tgt_len: int) -> float:
         n_layers = cfg.dec_layers if cfg.arch == "decoder_only" else cfg.enc_layers
         total = n_layers * n * layer(n) + n * 2 * D * V
     return float(total) / T
+
+
+def batch_training_flops(cfg: ModelConfig, src_shape: tuple[int, int] | None, tgt_shape: tuple[int, int]) -> float:
+    """Training FLOPs (3x forward) of one batch at its real, padded shapes: what the kernels
+    computed, as opposed to flops_per_token's figure at the maximum lengths.
+
+    encoder_decoder: src (B,S) and decoder input (B,T). decoder_only / encoder_only: src_shape
+    None and the single sequence (B,L) that holds source and target (batching.py), every
+    position of which goes through every layer and the output projection.
+    """
+    rows, length = tgt_shape
+    src_len = src_shape[1] if src_shape is not None else 0
+    if length <= 0 or rows <= 0:
+        return 0.0
+    return 3.0 * rows * length * flops_per_token(cfg, src_len, length)

@@ -44,7 +44,11 @@ ID_COLUMNS = ["task", "kind", "cell", "family", "label", "seed", "leaks_future",
 TRAIN_COLUMNS = ["n_params", "flops_per_token", "steps", "train_tokens", "epochs_seen", "best_val_loss", "best_step",
                  "final_val_loss", "final_train_loss", "unigram_val_loss", "stop_reason", "lr", "converged"]
 COST_COLUMNS = ["wall_s", "s_per_mtok", "tokens_per_s", "mfu", "peak_mem_mb", "device", "device_name", "precision",
-                "cpu_count"]
+                "cpu_count", "train_flops", "processed_tokens"]
+# Derived per run from the training's own counts: the FLOPs its batches cost per target token and
+# the tokens (source and target) each step put through the model; unlike wall time, a machine
+# shared with other jobs does not move them.
+MEASURED_COLUMNS = ["train_flops_per_tgt_token", "processed_tokens_per_step"]
 GROUP_COLUMNS = ["task", "kind", "cell", "family", "label", "leaks_future"]
 RUN_LEVEL = "runs"  # significance.csv: the seed-level row of a cell and metric (its `seed` column)
 REQUIRED_METRICS = {
@@ -118,13 +122,18 @@ def _run_row(study, task, cell, seed) -> dict:
     row["git_commit"] = (ti.get("provenance") or {}).get("git_commit")
     tokens, wall = row.get("train_tokens"), row.get("wall_s")
     row["s_per_mtok"] = wall / tokens * 1e6 if tokens and wall is not None else np.nan
+    target_tokens, steps = cost.get("target_tokens") or tokens, row.get("steps")
+    row["train_flops_per_tgt_token"] = (row["train_flops"] / target_tokens if row.get("train_flops") and target_tokens
+                                        else np.nan)  # (runs made before these counts: not known)
+    row["processed_tokens_per_step"] = (row["processed_tokens"] / steps if row.get("processed_tokens") and steps
+                                        else np.nan)
     row["failure"] = failure(tm, m)
     row["failed"] = bool(row["failure"])
     return row
 
 
 def _order_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    metric_cols = [c for c in frame.columns if c not in ID_COLUMNS + TRAIN_COLUMNS + COST_COLUMNS
+    metric_cols = [c for c in frame.columns if c not in ID_COLUMNS + TRAIN_COLUMNS + COST_COLUMNS + MEASURED_COLUMNS
                    + ["n_test", "git_commit"]]
 
     def key(c):
@@ -134,7 +143,7 @@ def _order_columns(frame: pd.DataFrame) -> pd.DataFrame:
         return (METRIC_ORDER.index(base) if base in METRIC_ORDER else len(METRIC_ORDER), base, suffix, c)
 
     metric_cols.sort(key=key)
-    return frame[ID_COLUMNS + metric_cols + ["n_test"] + TRAIN_COLUMNS + COST_COLUMNS + ["git_commit"]]
+    return frame[ID_COLUMNS + metric_cols + ["n_test"] + TRAIN_COLUMNS + COST_COLUMNS + MEASURED_COLUMNS + ["git_commit"]]
 
 
 def collect_results(study, seeds=None) -> pd.DataFrame:

@@ -85,7 +85,8 @@ BUDGET_TOLERANCE = 0.05  # target tokens of two cells further apart than this ar
 RUN_METRIC_NAMES = {"wall_s": "Training time (s)", "tokens_per_s": "Target tokens/s", "best_val_loss": "Best val loss",
                     "final_val_loss": "Final val loss", "final_train_loss": "Final train loss", "val_ppl": "Val PPL",
                     "steps": "Steps", "mfu": "MFU", "peak_mem_mb": "Peak memory (MB)",
-                    "s_per_mtok": "s per M target tokens"}
+                    "s_per_mtok": "s per M target tokens", "train_flops_per_tgt_token": "Training FLOPs per target token",
+                    "processed_tokens_per_step": "Tokens processed per step"}
 
 
 def looks(study) -> int:
