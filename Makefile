@@ -36,7 +36,7 @@ system-deps:
 	    latexmk texlive-latex-base texlive-latex-recommended texlive-fonts-recommended poppler-utils >/dev/null; \
 	fi
 
-# Under the start-up server (pipeline_src/preload.py) each job forks from a process that has torch
+# Under the start-up server (pipeline_src/runtime/preload.py) each job forks from a process that has torch
 # loaded instead of importing it: a third of the demo's CPU time. PRELOAD= runs every job the normal way.
 PRELOAD ?= python -m pipeline_src preload
 
@@ -116,7 +116,7 @@ dvc-yaml: install
 	python -m pipeline_src dvc-yaml --params $(CNNDM_STUDY)
 
 # DVC's experiments table for one study (PARAMS, default params.yaml), cut to what compares its
-# cells: each cell's headline metric and the cell settings that differ (pipeline_src/exp_show.py).
+# cells: each cell's headline metric and the cell settings that differ (pipeline_src/report/exp_show.py).
 # More options for dvc exp show in EXP (e.g. EXP="-A --md").
 exp-show: install
 	@python -m pipeline_src exp-show --params $(PARAMS) $(EXP)

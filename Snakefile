@@ -1,5 +1,5 @@
 # The pipeline as a Snakemake workflow. Thin on purpose: every job's inputs, outputs and shell
-# command come from the stage table in pipeline_src/stages.py, which also generates dvc.yaml,
+# command come from the stage table in pipeline_src/study/stages.py, which also generates dvc.yaml,
 # so `snakemake` and `dvc repro` run the same DAG (tests/test_dag.py checks it).
 #
 #   snakemake --cores 8 --resources gpu=1                      # the real study (params.yaml)

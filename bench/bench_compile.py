@@ -2,7 +2,7 @@
 cost before the first fast step, over the batch shapes a real cell meets.
 
 The model is the GPU study's (d256, 6+6 layers, 8 heads, d_ff 1024, vocabulary 8k); a step is
-forward + label-smoothed loss + backward through pipeline_src.compiling.compile_for_training,
+forward + label-smoothed loss + backward through pipeline_src.train.compiling.compile_for_training,
 exactly as the train stage runs it (bf16 autocast on CUDA). Shapes follow the bucket grid of
 train.length_buckets 8 (config.bucket_length) from length 16 to 64, rows = batch_tokens // length,
 --shapes of them, evenly spread.
@@ -39,7 +39,7 @@ VOCAB = 8000
 
 
 def shapes(n: int, batch_tokens: int) -> list[tuple[int, int]]:
-    from pipeline_src.config import bucket_length
+    from pipeline_src.study.config import bucket_length
     grid = sorted({bucket_length(length, 8) for length in range(16, 65)})
     picked = [grid[round(i * (len(grid) - 1) / max(n - 1, 1))] for i in range(n)]
     return [(batch_tokens // length, length) for length in picked]
@@ -48,10 +48,10 @@ def shapes(n: int, batch_tokens: int) -> list[tuple[int, int]]:
 def worker(args) -> dict:
     """One variant in this process: per shape, the first step and 3 steady steps."""
     import torch
-    from pipeline_src.compiling import compile_for_training, compiled_graphs, token_loss
+    from pipeline_src.train.compiling import compile_for_training, compiled_graphs, token_loss
     from pipeline_src.data.tokens import BOS, EOS, PAD
     from pipeline_src.model import ModelConfig, Transformer
-    from pipeline_src.train import sequence_loss
+    from pipeline_src.train.trainer import sequence_loss
 
     device = torch_setup(args)
     torch.manual_seed(0)

@@ -5,10 +5,10 @@ What it measures, one thread per job (as `snakemake --cores N` runs N CPU jobs o
      d128/2+2 and d256/3+3 on a batch shaped like a real Multi30k batch (240 sentences, 14 source
      and 16 target tokens: 3,840 target tokens, vocabulary 8,000), median of the timed steps, in
      fp32 and under bf16 autocast (`train.precision` fp32 / bf16), with whether this CPU has native
-     bf16 (what `precision: auto` reads, pipeline_src/precision.py);
+     bf16 (what `precision: auto` reads, pipeline_src/train/precision.py);
   2. the real `train` stage on the mirror's full Multi30k (BPE 8k, d128/2+2, batch_tokens 4096,
      --steps steps, no evaluation inside them) with the allocator options on (what every stage
-     does, pipeline_src/allocator.py) and off (PIPELINE_MALLOC=system): target tok/s of the
+     does, pipeline_src/runtime/allocator.py) and off (PIPELINE_MALLOC=system): target tok/s of the
      training loop, user and system CPU seconds of the job, and whether both wrote the same
      train_metrics.json bytes;
   3. the real cell's tok/s as a share of the isolated d128 fp32 step's.
@@ -35,12 +35,12 @@ from common import OUT_DIR, REPO, md_table, median, mirror_dir, tool_env, write_
 import torch
 import yaml
 
-from pipeline_src.compiling import token_loss
+from pipeline_src.train.compiling import token_loss
 from pipeline_src.data.tokens import BOS, EOS, PAD
 from pipeline_src.model import ModelConfig, Transformer
-from pipeline_src.optim import adamw
-from pipeline_src.precision import autocast, cpu_has_native_bf16
-from pipeline_src.train import sequence_loss
+from pipeline_src.train.optim import adamw
+from pipeline_src.train.precision import autocast, cpu_has_native_bf16
+from pipeline_src.train.trainer import sequence_loss
 
 TASK = "multi30k_en_de"
 STEP_CONFIGS = {"d128/2+2": (128, 4, 2, 2), "d256/3+3": (256, 4, 3, 3)}  # d_model, heads, enc, dec; d_ff 4 d

@@ -30,12 +30,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 import pipeline_src.data as data_pkg  # noqa: E402
-from pipeline_src import bpe  # noqa: E402
+from pipeline_src.data import bpe  # noqa: E402
 from pipeline_src.common import cpu_name, package_versions  # noqa: E402
-from pipeline_src.config import load_study  # noqa: E402
+from pipeline_src.study.config import load_study  # noqa: E402
 from pipeline_src.data import download, read_parquet  # noqa: E402
 from pipeline_src.data import filter as filt  # noqa: E402
-from pipeline_src.stages import data_paths  # noqa: E402
+from pipeline_src.study.stages import data_paths  # noqa: E402
 
 
 def build_mirror(src_mirror: Path, dst: Path, rows: int) -> int:

@@ -34,12 +34,12 @@ from common import OUT_DIR, REPO, md_table, mirror_dir, sync, torch_setup, write
 import numpy as np
 import torch
 
-from pipeline_src import batching
-from pipeline_src.config import load_study
+from pipeline_src.train import batching
+from pipeline_src.study.config import load_study
 from pipeline_src.data.tokens import EOS
-from pipeline_src.evaluate import decode_all
+from pipeline_src.evaluate.evaluator import decode_all
 from pipeline_src.model import Transformer
-from pipeline_src.train import model_config
+from pipeline_src.train.trainer import model_config
 
 TARGET_S = 60.0  # for 2,000 articles on the H100
 TASK, CELL = "cnn_dailymail", "baseline"

@@ -54,8 +54,8 @@ def grid_params(n_cells: int, n_seeds: int) -> dict:
 
 def job_outputs(work: Path) -> list[tuple[bool, Path]]:
     """(is_directory, path) of every job's outputs, in execution order."""
-    from pipeline_src.config import load_study
-    from pipeline_src.stages import DIRECTORIES, build_jobs
+    from pipeline_src.study.config import load_study
+    from pipeline_src.study.stages import DIRECTORIES, build_jobs
     return [(name in DIRECTORIES, work / path) for job in build_jobs(load_study(work / PARAMS))
             for name, path in job.outs.items()]
 

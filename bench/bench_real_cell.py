@@ -79,11 +79,11 @@ def timed_decode(work: Path, params: dict, cuda: bool) -> tuple[float, int]:
     """decode_all (the evaluate stage's decoder) on the test set, timed on its own."""
     sys.path.insert(0, str(REPO))
     import torch
-    from pipeline_src import batching
-    from pipeline_src.config import load_study
-    from pipeline_src.evaluate import decode_all
-    from pipeline_src.stages import data_paths, output_path
-    from pipeline_src.train import load_trained_model
+    from pipeline_src.train import batching
+    from pipeline_src.study.config import load_study
+    from pipeline_src.evaluate.evaluator import decode_all
+    from pipeline_src.study.stages import data_paths, output_path
+    from pipeline_src.train.trainer import load_trained_model
 
     cwd = os.getcwd()
     os.chdir(work)
@@ -162,9 +162,9 @@ def main() -> None:
                         .read_text())
         decode_s, n_test = timed_decode(work, params, cuda)
         sys.path.insert(0, str(REPO))
-        from pipeline_src import batching
-        from pipeline_src.config import load_study
-        from pipeline_src.stages import data_paths
+        from pipeline_src.train import batching
+        from pipeline_src.study.config import load_study
+        from pipeline_src.study.stages import data_paths
         bpe_dir = data_paths(load_study(work / "study.yaml"), TASK, "baseline")[1]  # relative to work/
         train_data = batching.load_seq2seq(work / bpe_dir, "train", 256, 256)
         epoch_tokens = sum(len(t) + 1 for t in train_data.tgt)

@@ -1,7 +1,7 @@
 """Training-step time: our from-scratch Transformer vs torch.nn.Transformer, same dims and batch.
 
-One step = zero_grad + forward + label-smoothed loss (pipeline_src.train.sequence_loss) + backward
-+ AdamW step, as pipeline_src/train.py does it (fused AdamW on CUDA, foreach on CPU, no host sync
+One step = zero_grad + forward + label-smoothed loss (pipeline_src.train.trainer.sequence_loss) + backward
++ AdamW step, as pipeline_src/train/trainer.py does it (fused AdamW on CUDA, foreach on CPU, no host sync
 inside the step), timed between torch.cuda.synchronize() calls on GPU (bf16 autocast, TF32).
 Both models share everything but the encoder/decoder stacks: our TokenEmbedding (x sqrt(d)),
 sinusoidal positions, embedding dropout, the tied output projection and the loss. The reference is
@@ -33,8 +33,8 @@ import torch.nn as nn
 from pipeline_src.data.tokens import BOS, EOS, PAD
 from pipeline_src.model import ModelConfig, Transformer, flops_per_token
 from pipeline_src.model.positions import SinusoidalPositions, TokenEmbedding, positions_from_mask
-from pipeline_src.compiling import compile_for_training, token_loss
-from pipeline_src.train import sequence_loss
+from pipeline_src.train.compiling import compile_for_training, token_loss
+from pipeline_src.train.trainer import sequence_loss
 
 CONFIGS = {  # name: (d_model, heads, enc_layers, dec_layers); d_ff = 4 d_model
     "d128/2+2": (128, 4, 2, 2), "d256/3+3": (256, 4, 3, 3), "d512/6+6": (512, 8, 6, 6)}
@@ -88,7 +88,7 @@ def make_batch(B: int, S: int, T: int, vocab: int, device, seed: int = 0) -> dic
 
 
 def make_step(built, batch, device):
-    """One timed training step as pipeline_src/train.py does it: fused AdamW on CUDA (foreach
+    """One timed training step as pipeline_src/train/trainer.py does it: fused AdamW on CUDA (foreach
     on CPU), token count from the host-side batch, so nothing waits on the GPU mid-step."""
     model, loss_fn = built
     fused = device.type == "cuda"
@@ -110,7 +110,7 @@ def make_step(built, batch, device):
 
 def build(kind: str, cfg: ModelConfig, device, compile_: bool, mode: str | None = None, scope: str = "model"):
     """(the model a step runs, its loss function). --compile-scope layers compiles ours as the
-    train stage does (pipeline_src/compiling.py: one layer per stack and the loss; one static
+    train stage does (pipeline_src/train/compiling.py: one layer per stack and the loss; one static
     shape here); the reference is always compiled whole."""
     torch.manual_seed(0)
     model = (Reference(cfg) if kind == "ref" else Transformer(cfg)).to(device).train()

@@ -3,7 +3,7 @@
 machine_info()  what the numbers were measured on: CPU model, cores, load, torch/CUDA, GPU
 write_report()  reports/bench/<name>.json (machine, versions, date, results) + <name>.md, printed
 md_table()      a Markdown table from rows of cells
-device helpers  pick_device / sync / autocast (bf16 on CUDA, as pipeline_src/train.py trains)
+device helpers  pick_device / sync / autocast (bf16 on CUDA, as pipeline_src/train/trainer.py trains)
 copy_repo()     a throw-away copy of the parts of the repository a workflow run needs
 """
 from __future__ import annotations
@@ -106,7 +106,7 @@ def pick_device(name: str = "auto"):
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # as pipeline_src/train.py
+        torch.backends.cuda.matmul.allow_tf32 = True  # as pipeline_src/train/trainer.py
         torch.backends.cudnn.allow_tf32 = True
     return device
 
@@ -136,7 +136,7 @@ def autocast(device):
 
 def peak_bf16_flops(device) -> float | None:
     """Measured dense bf16 matmul FLOP/s (the MFU denominator, same probe as training); None on CPU."""
-    from pipeline_src.train import _peak_flops
+    from pipeline_src.train.trainer import _peak_flops
     return _peak_flops(device)
 
 
@@ -164,7 +164,7 @@ def tool_env(code: Path | None = None) -> dict:
     other PYTHONPATH entries stay: on a GPU node run from a bundle they hold the bundle's packages
     (bench/node/node.sh), without which the stages cannot import datasets or jsonschema.
     Every job runs in a process of its own, never forked from a start-up server (PIPELINE_PRELOAD,
-    pipeline_src/preload.py): its CPU time and memory are then the command's children's, as the
+    pipeline_src/runtime/preload.py): its CPU time and memory are then the command's children's, as the
     tables report them."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", DVC_NO_ANALYTICS="1",
                PIPELINE_QUIET="1")

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from . import preemption  # first: a job's time budget counts from its start
+from .train import preemption  # first: a job's time budget counts from its start
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,10 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--reference", required=True, help="the reference directory (e.g. reports/reference/cpu)")
     sp.add_argument("--make", action="store_true", help="copy the run's files into the reference instead")
     stage("exp-show", "dvc exp show for one study: each cell's headline metric and the cell settings that "
-                      "differ between experiments (pipeline_src/exp_show.py); other options go to dvc exp show")
+                      "differ between experiments (pipeline_src/report/exp_show.py); other options go to dvc exp show")
     sp = stage("dvc-yaml", "write the dvc.yaml for a study from the stage table")
     sp.add_argument("--check", action="store_true", help="exit 1 if the file on disk is out of date")
-    sp = stage("parts", "a study in parts for short GPU job slots: plan, targets, pack, build (pipeline_src/parts.py)")
+    sp = stage("parts", "a study in parts for short GPU job slots: plan, targets, pack, build "
+                        "(pipeline_src/node/parts.py)")
     sp.add_argument("action", choices=["plan", "layout", "targets", "pack", "build"])
     sp.add_argument("archives", nargs="*", help="build: the parts' archives, or the folder that holds them (right after build)")
     sp.add_argument("--part", help="targets, pack: the part's name (parts.yaml)")
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .allocator import keep_freed_memory
+    from .runtime.allocator import keep_freed_memory
 
     keep_freed_memory()  # before torch allocates: large freed buffers are reused, not unmapped
     parser = _parser()
@@ -74,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     args.rest = rest
     from .common import StageError
-    from .config import ConfigError, load_study
+    from .study.config import ConfigError, load_study
 
     try:
         study = load_study(args.params)
         if os.environ.get("DVC_STAGE") and args.stage not in ("validate", "dvc-yaml"):
-            from .dvc_yaml import stale_message
+            from .runtime.dvc_yaml import stale_message
 
             message = stale_message(study)  # before the stage touches anything
             if message:
@@ -122,12 +123,12 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args, study) -> int | None:
     stage = args.stage
     if stage == "validate":
-        from .stages import build_jobs
+        from .study.stages import build_jobs
 
         jobs = build_jobs(study)
         print(f"{study.path}: study {study.name!r} is valid: {len(study.tasks)} tasks, "
               f"{len(jobs)} jobs ({sum(j.stage == 'train' for j in jobs)} training runs)")
-        from .estimate import matched_parameters, summary
+        from .study.estimate import matched_parameters, summary
         matched = matched_parameters(study)
         if matched:
             print("cells matched in parameters (params_match):\n" + "\n".join(matched))
@@ -140,16 +141,16 @@ def _run(args, study) -> int | None:
         from .data.filter import run
         return run(study, args.task, args.fv)
     if stage == "bpe":
-        from .bpe import run
+        from .data.bpe import run
         return run(study, args.task, args.fv, args.tv)
     if stage == "tune":
-        from .tune import run
+        from .train.tune import run
         return run(study, args.task, args.cell)
     if stage == "train":
-        from .train import run
+        from .train.trainer import run
         return run(study, args.task, args.cell, args.seed)
     if stage == "evaluate":
-        from .evaluate import run
+        from .evaluate.evaluator import run
         return run(study, args.task, args.cell, args.seed)
     if stage == "promote":
         from .report.promote import run_promote
@@ -173,16 +174,16 @@ def _run(args, study) -> int | None:
         from .report.build import run
         return run(study)
     if stage == "check-reference":
-        from .reference import run
+        from .report.reference import run
         return run(study, args.task, args.cell, args.seed, args.reference, make=args.make)
     if stage == "dvc-yaml":
-        from .dvc_yaml import run
+        from .runtime.dvc_yaml import run
         return run(study, check=args.check)
     if stage == "exp-show":
-        from .exp_show import run
+        from .report.exp_show import run
         return run(study, args.rest)
     if stage == "parts":
-        from .parts import run
+        from .node.parts import run
         return run(study, args.action, args.part, args.out, args.archives, args.reference, args.started, args.status,
                    args.log, args.gpu_util, args.cores)
     raise AssertionError(stage)
@@ -256,9 +257,9 @@ def exit_now(code: int) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from . import preload
+    from .runtime import preload
 
-    if sys.argv[1:2] == ["preload"]:  # python -m pipeline_src preload COMMAND...: pipeline_src/preload.py
+    if sys.argv[1:2] == ["preload"]:  # python -m pipeline_src preload COMMAND...: pipeline_src/runtime/preload.py
         sys.exit(preload.serve(sys.argv[2:]))
     status = preload.run_in_preloaded()  # under it, the stage runs in a copy of the server
     if status is not None:

@@ -60,7 +60,7 @@ def test_the_plan_rule_extends_exactly_the_unsettled_comparisons_within_reach():
     depending on the CPU's float kernels): settled, inconclusive within reach, beyond the cap,
     not tested."""
     import pandas as pd
-    from pipeline_src.config import load_study
+    from pipeline_src.study.config import load_study
     from pipeline_src.report.plan import decide
 
     study = load_study(FIXTURE)  # seeds {min: 3, max: 5}: the cap is 5 runs
@@ -165,8 +165,8 @@ def test_dvc_runs_the_same_data_dependent_dag(snakemake_repo, tmp_path):
 def test_a_target_token_budget_gives_a_decoder_only_cell_the_same_target_tokens(tmp_path, monkeypatch):
     """The encoder-decoder and a decoder-only cell (whose batches also hold the source) train to
     the same max_target_tokens: equal target tokens, evaluated at the step that reached them."""
-    from pipeline_src import train
-    from pipeline_src.config import load_study
+    from pipeline_src.train import trainer
+    from pipeline_src.study.config import load_study
     from test_train import TINY, _prepare_data
 
     params = yaml.safe_load(TINY.read_text())
@@ -179,12 +179,12 @@ def test_a_target_token_budget_gives_a_decoder_only_cell_the_same_target_tokens(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PIPELINE_QUIET", "1")
     study = load_study("tiny.yaml")
-    seen, shapes, counted = {}, [], train.batch_training_flops
-    monkeypatch.setattr(train, "batch_training_flops", lambda cfg, src, tgt: shapes.append((cfg, src, tgt)) or
+    seen, shapes, counted = {}, [], trainer.batch_training_flops
+    monkeypatch.setattr(trainer, "batch_training_flops", lambda cfg, src, tgt: shapes.append((cfg, src, tgt)) or
                         counted(cfg, src, tgt))
     for cell in ("baseline", "decoder_only"):
         shapes.clear()
-        train.run(study, "reorder", cell, 0)
+        trainer.run(study, "reorder", cell, 0)
         tm = json.loads(Path(f"data/tiny/runs/reorder/{cell}/seed0/train_metrics.json").read_text())
         cost = json.loads(Path(f"data/tiny/runs/reorder/{cell}/seed0/cost.json").read_text())
         # the FLOPs and tokens the trainer counted: one batch a step, at the batch's real shapes

@@ -1,4 +1,4 @@
-"""Static-shape length buckets, the batch stream and its prefetch thread (pipeline_src/batching.py)."""
+"""Static-shape length buckets, the batch stream and its prefetch thread (pipeline_src/train/batching.py)."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline_src import batching
+from pipeline_src.train import batching
 from pipeline_src.data.tokens import PAD
 from project_copy import checkout_env
 
@@ -128,8 +128,8 @@ def test_multi30k_static_buckets_pad_at_most_ten_percent(tmp_path):
                        env=env, check=True, capture_output=True)
     t = task["train"]
     assert t["length_buckets"] > 0
-    from pipeline_src.config import load_study
-    from pipeline_src.stages import data_paths
+    from pipeline_src.study.config import load_study
+    from pipeline_src.study.stages import data_paths
 
     bpe_dir = data_paths(load_study(tmp_path / "p.yaml"), "multi30k_en_de")[1]  # the baseline's tokenizer
     data = batching.load_seq2seq(tmp_path / bpe_dir, "train", 256, 256)

@@ -28,7 +28,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline_src.config import load_study
+from pipeline_src.study.config import load_study
 from pipeline_src.report import claims as C
 
 # The rates are printed in the run's summary ("measured", tests/conftest.py).
@@ -69,12 +69,13 @@ def _study(name: str, claims: dict, seeds=None):
 # process (no start-up per run), with the stage functions the pipeline calls.
 _WORKER = """
 import sys
-from pipeline_src import evaluate, train
-from pipeline_src.config import load_study
+from pipeline_src.evaluate import evaluator
+from pipeline_src.study.config import load_study
+from pipeline_src.train import trainer
 study = load_study("calib.yaml")
 for cell, seed in (arg.split(":") for arg in sys.argv[1:]):
-    train.run(study, "lm", cell, int(seed))
-    evaluate.run(study, "lm", cell, int(seed))
+    trainer.run(study, "lm", cell, int(seed))
+    evaluator.run(study, "lm", cell, int(seed))
 """
 
 
@@ -86,7 +87,7 @@ def runs(tmp_path_factory):
     import subprocess
     import sys
 
-    from pipeline_src.bpe import run as bpe
+    from pipeline_src.data.bpe import run as bpe
     from pipeline_src.data.download import run as download
     from pipeline_src.data.filter import run as filter_
     from pipeline_src.report.aggregate import collect_results

@@ -16,13 +16,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline_src.paths import tune_record
+from pipeline_src.study.paths import tune_record
 from scipy import stats as sps
 
-from pipeline_src.config import load_study
+from pipeline_src.study.config import load_study
 from pipeline_src.report import claims as C
 from pipeline_src.report import stats as S
-from pipeline_src.stages import output_path
+from pipeline_src.study.stages import output_path
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "report"

@@ -1,12 +1,12 @@
 """A stage's code dependencies are the code it runs: the import closure of its entry module
-(pipeline_src/imports.py), listed for every job of every study, so that an edited module reruns
+(pipeline_src/study/imports.py), listed for every job of every study, so that an edited module reruns
 exactly the stages that run it."""
 from pathlib import Path
 
 import pytest
 
-from pipeline_src import imports, stages
-from pipeline_src.config import load_study
+from pipeline_src.study import imports, stages
+from pipeline_src.study.config import load_study
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY_FILES = sorted(p.relative_to(ROOT).as_posix() for p in
@@ -66,8 +66,9 @@ def test_closures_stay_small():
     neither the model nor the report."""
     code = stages.CODE
     for stage in ("figures", "tables", "claims", "aggregate", "report", "evaluate"):
-        assert "pipeline_src/train.py" not in code[stage], stage
-        assert "pipeline_src/stages.py" not in code[stage] and "pipeline_src/dvc_yaml.py" not in code[stage], stage
+        assert "pipeline_src/train/trainer.py" not in code[stage], stage
+        assert "pipeline_src/study/stages.py" not in code[stage], stage
+        assert "pipeline_src/runtime/dvc_yaml.py" not in code[stage], stage
     for stage in ("download", "filter", "bpe"):
         assert not [f for f in code[stage] if f.startswith(("pipeline_src/model/", "pipeline_src/report/"))], stage
     # a model default (model/config.py) reruns what builds a model, not the data or the statistics
@@ -106,11 +107,11 @@ def test_the_cached_graph_follows_an_edited_module(tmp_path, monkeypatch):
         return imports.import_graph()
 
     try:
-        assert "pipeline_src.train" not in fresh()["pipeline_src.report.figures"]
+        assert "pipeline_src.train.trainer" not in fresh()["pipeline_src.report.figures"]
         assert imports.CACHE.is_file()
         figures = tmp_path / "pipeline_src" / "report" / "figures.py"
-        figures.write_text(figures.read_text() + "\n\ndef _late():\n    from ..train import Trainer  # noqa\n")
-        assert "pipeline_src.train" in fresh()["pipeline_src.report.figures"]
+        figures.write_text(figures.read_text() + "\n\ndef _late():\n    from ..train.trainer import Trainer  # noqa\n")
+        assert "pipeline_src.train.trainer" in fresh()["pipeline_src.report.figures"]
     finally:
         imports.modules.cache_clear()
         imports.import_graph.cache_clear()

@@ -1,12 +1,12 @@
-"""Compilation of the training step (pipeline_src/compiling.py), traced with torch's "eager"
+"""Compilation of the training step (pipeline_src/train/compiling.py), traced with torch's "eager"
 backend: dynamo's tracing, guards and recompilations are the real ones, only no kernels are
 generated (code generation is the GPU's business and bench/bench_compile.py's)."""
 import pytest
 import torch
 
-from pipeline_src.compiling import compile_for_training, compiled_graphs, eager, token_loss
+from pipeline_src.train.compiling import compile_for_training, compiled_graphs, eager, token_loss
 from pipeline_src.model import ModelConfig, Transformer
-from pipeline_src.train import sequence_loss
+from pipeline_src.train.trainer import sequence_loss
 
 V = 50
 

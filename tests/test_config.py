@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_src.config import ConfigError, load_study
+from pipeline_src.study.config import ConfigError, load_study
 
 FIXTURES = Path(__file__).parent / "fixtures" / "params"
 BAD = sorted(FIXTURES.glob("bad_*.yaml"))
@@ -72,7 +72,7 @@ def test_leaking_cell_is_marked():
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from pipeline_src.config import positions_needed  # noqa: E402
+from pipeline_src.study.config import positions_needed  # noqa: E402
 
 CAPS = {"max_src_len": 40, "max_tgt_len": 30, "lm_seq_len": 48}
 NEED = {("translation", "encoder_decoder"): 40, ("translation", "decoder_only"): 70,
@@ -118,8 +118,8 @@ def test_positions_needed_is_what_batching_feeds_the_model(kind, arch, tmp_path)
     fill exactly that many positions; a learned/sinusoidal table one row shorter fails."""
     import torch
 
-    from pipeline_src import batching
-    from pipeline_src.config import TrainConfig
+    from pipeline_src.train import batching
+    from pipeline_src.study.config import TrainConfig
     from pipeline_src.model import ModelConfig, Transformer
 
     train = TrainConfig(**CAPS)
@@ -172,7 +172,7 @@ def test_an_unforeseen_stage_failure_is_one_line(tmp_path):
 def test_validate_prints_the_study_compute_estimate(tmp_path, monkeypatch):
     """Training tokens x 3 x FLOPs per token, summed over cells and seeds; hours from the
     achieved FLOP/s of the last real-cell benchmark record."""
-    from pipeline_src import estimate
+    from pipeline_src.study import estimate
     from pipeline_src.model import ModelConfig, flops_per_token
 
     study = load_study(FIXTURES / "valid_tiny.yaml")
@@ -204,7 +204,7 @@ def test_validate_prints_the_study_compute_estimate(tmp_path, monkeypatch):
 def test_max_len_check_counts_the_bucket_grid(tmp_path):
     """With static-shape buckets a batch is as wide as its bucket's grid length, and a padded
     column still takes a position: 70 positions round up to 72 on a grid of 8 per doubling."""
-    from pipeline_src.config import bucket_length
+    from pipeline_src.study.config import bucket_length
 
     assert bucket_length(70, 8) == 72
     path = _positions_study(tmp_path, "translation", "decoder_only", "learned", 70)
@@ -266,8 +266,8 @@ def test_a_sweep_is_a_family_of_named_cells_like_hand_written_ones(tmp_path):
     assert resolved.family == "size" and resolved.label == "d32, dropout 0.1"
     # DVC tracks (and Snakemake hashes) the sweep's entry for its cells: a key that is in the file.
     assert study.cell_key("heads_1") == "sweeps.heads" and study.cell_key("pe_none") == "cells.pe_none"
-    from pipeline_src.dvc_yaml import render
-    from pipeline_src.stages import jobs_by_stage
+    from pipeline_src.runtime.dvc_yaml import render
+    from pipeline_src.study.stages import jobs_by_stage
 
     train = jobs_by_stage(study)["train"]
     assert "sweeps.heads" in train["reorder-heads_1-s0"].params
@@ -321,7 +321,7 @@ def test_params_match_is_checked_and_shipped_matched_cells_are_within_one_percen
     validate prints both counts, and refuses (one line naming both cells) where they drift apart."""
     import yaml
 
-    from pipeline_src.estimate import matched_parameters
+    from pipeline_src.study.estimate import matched_parameters
     for name in ("demo", "cpu", "gpu"):
         lines = matched_parameters(load_study(ROOT / f"workflow/studies/{name}/params.yaml"))
         assert lines and all("decoder_only" in line for line in lines), name

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_src.config import load_study
-from pipeline_src.dvc_yaml import dvc_yaml_path, render, view_files
-from pipeline_src.stages import CODE_FOLDERS
+from pipeline_src.study.config import load_study
+from pipeline_src.runtime.dvc_yaml import dvc_yaml_path, render, view_files
+from pipeline_src.study.stages import CODE_FOLDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = ["params.yaml", "workflow/studies/demo/params.yaml", "workflow/studies/mirror/params.yaml",

@@ -26,9 +26,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from pipeline_src import bpe
+from pipeline_src.data import bpe
 from pipeline_src.common import StageError
-from pipeline_src.config import ConfigError, load_study
+from pipeline_src.study.config import ConfigError, load_study
 from pipeline_src.data import demo, download
 from pipeline_src.data import filter as filt
 from pipeline_src.data.tokens import BOS, EOS, PAD, UNK, load_index, load_sequences, load_spm
@@ -810,7 +810,8 @@ LM_TINY = {"model": {"arch": "decoder_only", "d_model": 16, "n_heads": 2, "dec_l
 def _run_lm(tmp: Path, splits: dict, text_format: str, filter_cfg: dict, expected: dict | None = None,
             vocab: int = 120, field: str = "text") -> tuple[dict, dict]:
     """download -> filter -> bpe -> train (4 steps) -> evaluate a tiny lm; (eval metrics, filter stats)."""
-    from pipeline_src import evaluate, train
+    from pipeline_src.evaluate import evaluator
+    from pipeline_src.train import trainer
 
     write_mirror(tmp / "mirror", "corpus", splits)
     ds = {"kind": "lm", "hf_id": "x/corpus", "fields": {"text": field}, "text_format": text_format}
@@ -821,8 +822,8 @@ def _run_lm(tmp: Path, splits: dict, text_format: str, filter_cfg: dict, expecte
     download.run(study, "corpus")
     filt.run(study, "lm")
     bpe.run(study, "lm")
-    train.run(study, "lm", "baseline", 0)
-    evaluate.run(study, "lm", "baseline", 0)
+    trainer.run(study, "lm", "baseline", 0)
+    evaluator.run(study, "lm", "baseline", 0)
     ev = json.loads((tmp / "data/toy/eval/lm/baseline/seed0/eval_metrics.json").read_text())
     ev["samples"] = json.loads((tmp / "data/toy/eval/lm/baseline/seed0/eval_info.json").read_text())["samples"]
     ev["per_example"] = pd.read_csv(tmp / "data/toy/eval/lm/baseline/seed0/outputs/per_example.tsv", sep="\t")
@@ -971,7 +972,7 @@ def _non_overlapping_nll(model, stream, line_ends, seq_len: int, rows: int) -> n
     side, each scoring all of its predictions."""
     import torch
     import torch.nn.functional as F
-    from pipeline_src import batching
+    from pipeline_src.train import batching
 
     stream = np.concatenate([[EOS], stream])
     token_nll = np.zeros(len(stream))
@@ -997,7 +998,7 @@ def _scoring_window(p: int, window: int, stride: int) -> int:
 
 def test_stride_equal_to_the_window_is_the_non_overlapping_evaluation_bit_for_bit():
     import torch
-    from pipeline_src.evaluate import lm_nll
+    from pipeline_src.evaluate.evaluator import lm_nll
 
     model = _tiny_decoder()
     cpu = torch.device("cpu")
@@ -1028,7 +1029,7 @@ def test_stride_equal_to_the_window_is_the_non_overlapping_evaluation_bit_for_bi
 @pytest.mark.parametrize("n, window, stride", [(0, 4, 2), (1, 4, 2), (4, 4, 1), (5, 4, 4), (37, 8, 3), (40, 8, 8),
                                                (41, 8, 5), (100, 16, 1), (100, 16, 16), (17, 16, 15), (33, 16, 8)])
 def test_every_token_is_scored_exactly_once(n, window, stride):
-    from pipeline_src.evaluate import lm_score_windows
+    from pipeline_src.evaluate.evaluator import lm_score_windows
 
     starts, first = lm_score_windows(n, window, stride)
     times, context = np.zeros(n + 1, dtype=int), np.zeros(n + 1, dtype=int)
@@ -1046,7 +1047,7 @@ def test_every_token_is_scored_exactly_once(n, window, stride):
 def test_sliding_windows_score_each_token_with_its_windows_context():
     """stride < window: each token's NLL is that of the model run on the window that scores it."""
     import torch
-    from pipeline_src.evaluate import lm_nll
+    from pipeline_src.evaluate.evaluator import lm_nll
 
     model = _tiny_decoder(seed=2)
     stream, ends = _lm_stream(30, seed=3)
@@ -1084,8 +1085,8 @@ class _PeriodOracle:
 
 def test_a_smaller_stride_gives_more_context_and_a_lower_perplexity():
     import torch
-    from pipeline_src import metrics
-    from pipeline_src.evaluate import lm_nll
+    from pipeline_src.evaluate import metrics
+    from pipeline_src.evaluate.evaluator import lm_nll
 
     period, vocab, window = 10, 40, 24
     cycle = np.random.default_rng(0).permutation(np.arange(EOS + 1, vocab))[:period]

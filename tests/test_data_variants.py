@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline_src import bpe, screening
+from pipeline_src.data import bpe
+from pipeline_src.study import screening
 from pipeline_src.report import promote
 from pipeline_src.common import StageError
-from pipeline_src.config import ConfigError, load_study
+from pipeline_src.study.config import ConfigError, load_study
 from pipeline_src.data import filter as filt
-from pipeline_src.dvc_yaml import render
-from pipeline_src.stages import build_jobs, data_paths, output_path, promotion_path
+from pipeline_src.runtime.dvc_yaml import render
+from pipeline_src.study.stages import build_jobs, data_paths, output_path, promotion_path
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml"
@@ -121,7 +122,7 @@ def _sampled(n: int, cfg) -> set[int]:
 
 
 def test_samples_are_nested_and_independent_of_the_fraction_order():
-    from pipeline_src.config import FilterConfig
+    from pipeline_src.study.config import FilterConfig
 
     small, mid, full = (_sampled(1000, FilterConfig(sample_fraction=f)) for f in (0.1, 0.3, 1.0))
     assert len(small) == round(0.1 * len(full)) and len(mid) == round(0.3 * len(full))
@@ -255,15 +256,16 @@ def test_not_promoted_jobs_write_records_instead_of_training(tmp_path, monkeypat
     assert screening.promoted(study, "scr-s1", "no_residual")
     with pytest.raises(StageError, match="stage two reads reorder/pe_none's runs"):
         screening.require_own_run(study, "train", "scr-s2", "pe_none")
-    from pipeline_src import evaluate, train
+    from pipeline_src.evaluate import evaluator
+    from pipeline_src.train import trainer
 
-    train.run(study, "scr-s2", "no_residual", 0)
+    trainer.run(study, "scr-s2", "no_residual", 0)
     wc = dict(study="tiny", task="scr-s2", cell="no_residual", seed=0)
     for name in ("ckpt", "metrics", "log", "cost"):
         assert Path(output_path("train", name, **wc)).exists(), name
     assert json.loads(Path(output_path("train", "metrics", **wc)).read_text())["promoted"] is False
     assert not list(Path(output_path("train", "ckpt", **wc)).glob("*.pt"))
-    evaluate.run(study, "scr-s2", "no_residual", 0)
+    evaluator.run(study, "scr-s2", "no_residual", 0)
     assert json.loads(Path(output_path("evaluate", "metrics", **wc)).read_text())["promoted"] is False
     assert Path(output_path("evaluate", "outputs", **wc)).is_dir()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_src import train_state
+from pipeline_src.train import state as train_state
 from pipeline_src.common import StageError, human_size
 from test_train import _clear, _env, _outputs, _prepare_data, _write_params
 
@@ -238,7 +238,7 @@ def test_the_live_log_keeps_whole_rows_when_the_disk_fills(tmp_path, monkeypatch
     reason = _cannot_mount(tmp_path / "probe")
     if reason:
         pytest.skip(reason)
-    from pipeline_src.live_log import LOG_COLUMNS, LiveLog
+    from pipeline_src.train.live_log import LOG_COLUMNS, LiveLog
 
     monkeypatch.setenv("PIPELINE_TENSORBOARD", tensorboard)
     with _tmpfs(tmp_path / "run", "size=64k") as mount:

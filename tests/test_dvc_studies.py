@@ -26,9 +26,9 @@ import pytest
 import yaml
 from project_copy import copy_project
 
-from pipeline_src.config import load_study
+from pipeline_src.study.config import load_study
 from pipeline_src.report import views
-from pipeline_src.stages import output_path
+from pipeline_src.study.stages import output_path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -11,9 +11,9 @@ import sys
 import pytest
 import yaml
 
-from pipeline_src import train_state
+from pipeline_src.train import state as train_state
 from pipeline_src.common import StageError, human_size
-from pipeline_src.stages import output_path
+from pipeline_src.study.stages import output_path
 from test_train import _env, _outputs, _prepare_data, _train_cmd, _write_params
 
 JOB = ["--task", "reorder", "--cell", "baseline", "--seed", "0"]

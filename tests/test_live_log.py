@@ -6,8 +6,8 @@ import subprocess
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from pipeline_src import preemption
-from pipeline_src.stages import output_path
+from pipeline_src.train import preemption
+from pipeline_src.study.stages import output_path
 from test_preemption import _start_and_wait_for_the_loop, signal_dir  # noqa: F401  (fixture)
 from test_train import _clear, _env, _outputs, _train_cmd
 

@@ -1,4 +1,4 @@
-"""pipeline_src.metrics against independent implementations: the sacrebleu command line,
+"""pipeline_src.evaluate.metrics against independent implementations: the sacrebleu command line,
 rouge-score called directly, torch's cross-entropy, and hand-made examples."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline_src import metrics
+from pipeline_src.evaluate import metrics
 
 SACREBLEU = Path(sys.executable).parent / "sacrebleu"
 WORDS = ("the a dog cat sees likes big small red river town house market school road "

@@ -798,7 +798,7 @@ def test_static_shape_beam_search_finds_the_same_hypotheses(arch, pos_encoding, 
 def test_eval_decoding_setting_picks_the_beam_search_that_can_run_here():
     from types import SimpleNamespace
 
-    from pipeline_src.evaluate import decoding_method
+    from pipeline_src.evaluate.evaluator import decoding_method
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     ev = lambda d, n=0: SimpleNamespace(decoding=d, no_repeat_ngram=n)  # noqa: E731

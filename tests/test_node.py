@@ -74,7 +74,7 @@ def test_bundle_holds_wheels_datasets_and_the_repository(bundle):
     assert sorted(p.name for p in (b / "datasets").iterdir()) == ["README.md", "tiny"]
     with tarfile.open(b / "repo.tar.gz") as tar:
         members = set(tar.getnames())
-    assert {"pipeline_src/train.py", "bench/node/unpack.sh", "tests/fixtures/params/valid_tiny.yaml"} <= members
+    assert {"pipeline_src/train/trainer.py", "bench/node/unpack.sh", "tests/fixtures/params/valid_tiny.yaml"} <= members
     assert (bundle / "bundle.tar.gz").stat().st_size > 0
 
 
@@ -145,7 +145,7 @@ def test_unpack_refuses_a_study_that_failed_on_the_node(tmp_path):
     assert "the study gpu failed on the node (exit status 1)" in proc.stdout and "error: train failed" in proc.stdout
 
 
-# --- a study in parts (pipeline_src/parts.py; node.sh parts): the short-slot path, rehearsed ---------
+# --- a study in parts (pipeline_src/node/parts.py; node.sh parts): the short-slot path, rehearsed ---------
 
 PARTS_STUDY = """\
 study: tinyparts

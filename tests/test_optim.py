@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from pipeline_src.optim import AdamW
+from pipeline_src.train.optim import AdamW
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -70,7 +70,7 @@ def test_state_dict_round_trip_continues_identically():
 
 def test_training_job_does_not_import_dynamo():
     """The reason this class exists: torch.optim imports torch._dynamo (seconds per job)."""
-    code = ("import sys, torch; from pipeline_src.optim import AdamW; m = torch.nn.Linear(2, 2); "
+    code = ("import sys, torch; from pipeline_src.train.optim import AdamW; m = torch.nn.Linear(2, 2); "
             "o = AdamW(m.parameters(), lr=0.1); m(torch.ones(1, 2)).sum().backward(); o.step(); "
             "print('torch._dynamo' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -1,4 +1,4 @@
-"""A study in parts (pipeline_src/parts.py, parts_layout.py, estimate.predict_parts): the layout and
+"""A study in parts (pipeline_src/node/parts.py, parts_layout.py, estimate.predict_parts): the layout and
 its one-line errors, the GPU study's predicted minutes, the attention sample's rounding, and the
 params file of a partial report. The whole path, node to report, is in tests/test_node.py."""
 import json
@@ -7,18 +7,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline_src import parts
+from pipeline_src.node import parts
 from pipeline_src.common import ConfigError
-from pipeline_src.config import load_study
-from pipeline_src.estimate import predict_parts
-from pipeline_src.parts_layout import load_layout
+from pipeline_src.study.config import load_study
+from pipeline_src.study.estimate import predict_parts
+from pipeline_src.node.parts_layout import load_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = ROOT / "workflow" / "studies" / "gpu" / "params.yaml"
 
 
 def test_the_gpu_study_is_predicted_to_fit_its_slot_from_the_step_benchmark(monkeypatch):
-    from pipeline_src import estimate
+    from pipeline_src.study import estimate
 
     study = load_study(GPU)
     layout = load_layout(study)
@@ -53,7 +53,7 @@ def test_the_study_s_own_runs_predict_at_the_jobs_at_once_they_were_measured_at(
 
 
 def test_slots_per_task_come_from_each_part_and_the_fewest_holds(tmp_path):
-    from pipeline_src.estimate import _slots_per_task
+    from pipeline_src.study.estimate import _slots_per_task
 
     study = _study(tmp_path, "study: lay\nparts:\n  - {name: first, seeds: [0]}\n  - {name: rest}\n")
     timing = tmp_path / "timing.json"
@@ -145,7 +145,7 @@ def test_archives_of_a_params_file_whose_comments_changed_since_are_accepted(tmp
     import hashlib
     import subprocess
 
-    from pipeline_src.parts import _same_settings
+    from pipeline_src.node.parts import _same_settings
 
     monkeypatch.chdir(tmp_path)
     study = _study(tmp_path, None)

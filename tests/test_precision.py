@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from pipeline_src import precision
-from pipeline_src.stages import output_path
+from pipeline_src.train import precision
+from pipeline_src.study.stages import output_path
 from project_copy import checkout_env
 
 AMD_ZEN4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 avx512_vnni\n"
@@ -75,7 +75,7 @@ def test_cpu_bf16_training_and_evaluation_are_bit_for_bit_deterministic(tmp_path
 
 FAULTS_SCRIPT = """
 import resource
-from pipeline_src.allocator import keep_freed_memory
+from pipeline_src.runtime.allocator import keep_freed_memory
 applied = keep_freed_memory()
 import torch
 torch.set_num_threads(1)

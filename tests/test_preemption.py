@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from pipeline_src import preemption
+from pipeline_src.train import preemption
 from test_train import _clear, _env, _outputs, _prepare_data, _train_cmd, _weights, _write_params
 
 # serial: signals at random moments and a 5-second job budget (Makefile `test` runs these alone)

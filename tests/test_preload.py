@@ -1,4 +1,4 @@
-"""The start-up server (`python -m pipeline_src preload COMMAND`, pipeline_src/preload.py): a stage
+"""The start-up server (`python -m pipeline_src preload COMMAND`, pipeline_src/runtime/preload.py): a stage
 forked from it gives a normal run's bytes, exit status and streams; signals reach it; a job killed
 outright takes its stage with it; a job whose start-up settings differ runs the normal way."""
 import json
@@ -13,8 +13,8 @@ import pytest
 from project_copy import checkout_env
 from test_train import _prepare_data, _write_params
 
-from pipeline_src import preload
-from pipeline_src.config import load_study
+from pipeline_src.runtime import preload
+from pipeline_src.study.config import load_study
 
 RUN = "data/tiny/runs/reorder/baseline/seed0"
 EVAL = "data/tiny/eval/reorder/baseline/seed0"

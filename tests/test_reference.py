@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from pipeline_src import reference
+from pipeline_src.report import reference
 from project_copy import checkout_env
 
 JOB = ["--task", "reorder", "--cell", "baseline", "--seed", "0"]
@@ -140,7 +140,7 @@ def test_no_tolerance_lets_a_zero_pass(tmp_path):
 
 
 def test_the_machine_facts_of_this_process():
-    from pipeline_src import machine
+    from pipeline_src.runtime import machine
     facts = machine.facts("fp32")
     assert facts["aten_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256", "NO AVX")
     assert set(facts["kernel_flags"]) <= set(machine.KERNEL_FLAGS) and facts["threads"] >= 1

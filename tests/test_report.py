@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from pipeline_src.common import StageError
-from pipeline_src.config import load_study
-from pipeline_src.stages import data_paths, output_path
+from pipeline_src.study.config import load_study
+from pipeline_src.study.stages import data_paths, output_path
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "report"
 _spec = importlib.util.spec_from_file_location("fake_study", FIXTURES / "fake_study.py")
@@ -228,7 +228,7 @@ def test_figures_written_as_pdf_and_png(in_root):
 
 
 def test_attention_inputs_from_a_real_checkpoint(in_root):
-    """The default loader (pipeline_src.train.load_trained_model) on the fake checkpoint, and the
+    """The default loader (pipeline_src.train.trainer.load_trained_model) on the fake checkpoint, and the
     sample built from the BPE stage's arrays as the trainer feeds it (src + EOS, BOS + tgt)."""
     import torch
 
@@ -368,7 +368,7 @@ def test_latex_escape():
 def test_the_report_states_each_cells_peak_lr_and_whether_it_was_tuned():
     import pandas as pd
 
-    from pipeline_src.config import load_study
+    from pipeline_src.study.config import load_study
     from pipeline_src.report.build import _lr_text
 
     study = load_study(Path(__file__).parent / "fixtures" / "params" / "adaptive_lm.yaml")

@@ -125,7 +125,7 @@ def test_snakemake_reruns_exactly_the_stages_that_import_an_edited_helper(repo):
     """The code dependencies are read from the imports: report/claims.py is the claims stage's
     module and a helper the report stage imports; editing it leaves every run and data stage
     alone and reruns exactly those two stages."""
-    from pipeline_src.stages import CODE
+    from pipeline_src.study.stages import CODE
 
     assert {s for s, files in CODE.items() if HELPER in files} == {"claims", "plan", "report"}  # no plan here
     assert "Nothing to be done" in _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}", "-n"], repo)

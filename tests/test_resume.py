@@ -1,6 +1,6 @@
 """A study whose whole run (Snakemake and its jobs) is killed with SIGKILL is resumed by the very
 same command, while a second live run on the same directory is still refused
-(pipeline_src/run_lock.py, profiles/default/config.yaml). Real Snakemake on the tiny study."""
+(pipeline_src/runtime/run_lock.py, profiles/default/config.yaml). Real Snakemake on the tiny study."""
 import fcntl
 import json
 import os
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from project_copy import copy_project
 
-from pipeline_src.run_lock import claim_run
+from pipeline_src.runtime.run_lock import claim_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml"

@@ -1,12 +1,12 @@
 """Snakemake's scheduler keeps one re-scheduling timer, not one more per finished job
-(pipeline_src/scheduler_timers.py), and the workflow turns this on."""
+(pipeline_src/runtime/scheduler_timers.py), and the workflow turns this on."""
 import threading
 import time
 from pathlib import Path
 
 from snakemake.scheduling.job_scheduler import JobScheduler
 
-from pipeline_src.scheduler_timers import coalesce_reevaluation_timers
+from pipeline_src.runtime.scheduler_timers import coalesce_reevaluation_timers
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""The SLURM run's failure lines (pipeline_src/slurm_guard.py). The full cluster run is
+"""The SLURM run's failure lines (pipeline_src/runtime/slurm_guard.py). The full cluster run is
 tests/cluster/check_slurm.sh (CI); the last test here uses a live cluster when one is up."""
 import shutil
 from pathlib import Path
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from pipeline_src import slurm_guard
-from pipeline_src.slurm_guard import sbatch_args
+from pipeline_src.runtime import slurm_guard
+from pipeline_src.runtime.slurm_guard import sbatch_args
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 import yaml
 
-from pipeline_src import train as train_mod
-from pipeline_src import train_state
+from pipeline_src.train import trainer as train_mod
+from pipeline_src.train import state as train_state
 from pipeline_src.common import StageError
-from pipeline_src.config import TrainConfig, load_study
-from pipeline_src.stages import SCRATCH, output_path
+from pipeline_src.study.config import TrainConfig, load_study
+from pipeline_src.study.stages import SCRATCH, output_path
 from project_copy import checkout_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -180,7 +180,7 @@ def test_non_finite_loss_stops_with_a_clear_message_and_keeps_the_last_good_stat
 
 
 def test_gpu_slots_give_each_job_its_own_gpu(tmp_path):
-    code = ("import sys, time; from pipeline_src.gpu_slots import claim_gpu; "
+    code = ("import sys, time; from pipeline_src.runtime.gpu_slots import claim_gpu; "
             "print(claim_gpu(n_gpus=2, wait_s=float(sys.argv[1]), poll_s=0.05), flush=True); time.sleep(float(sys.argv[2]))")
     env = _env(PIPELINE_GPU_LOCK_DIR=str(tmp_path))
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -216,7 +216,7 @@ def _tiny_study(workdir, **train):
 
 
 def test_a_run_converged_when_its_last_evaluations_did_not_improve():
-    from pipeline_src.convergence import converged
+    from pipeline_src.study.convergence import converged
 
     def log(*vals):
         return [{"step": 5 * i, "val_loss": v} for i, v in enumerate(vals)] + [{"step": 99, "val_loss": ""}]
@@ -312,7 +312,7 @@ def test_prefetch_and_static_shapes_keep_metrics_byte_identical(workdir):
 def test_gpu_slots_several_jobs_per_gpu_spread_first(tmp_path):
     """PIPELINE_JOBS_PER_GPU=2 on two GPUs: four jobs run, two per GPU, the first two on
     different GPUs; a fifth finds no slot."""
-    code = ("import sys, time; from pipeline_src.gpu_slots import claim_gpu; "
+    code = ("import sys, time; from pipeline_src.runtime.gpu_slots import claim_gpu; "
             "print(claim_gpu(n_gpus=2, wait_s=float(sys.argv[1]), poll_s=0.05), flush=True); time.sleep(float(sys.argv[2]))")
     env = _env(PIPELINE_GPU_LOCK_DIR=str(tmp_path), PIPELINE_JOBS_PER_GPU="2")
     env.pop("CUDA_VISIBLE_DEVICES", None)

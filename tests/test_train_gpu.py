@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline_src import batching
+from pipeline_src.train import batching
 from pipeline_src.model import ModelConfig, Transformer
-from pipeline_src.step_meter import StepMeter
+from pipeline_src.train.step_meter import StepMeter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -45,8 +45,8 @@ def test_step_meter_reads_the_pending_steps_in_one_go():
 def test_layer_compiled_step_with_inductor_matches_eager(graphs):
     """compile_scope layers / compile_dynamic null with inductor (and CUDA graphs): the loss and
     gradients of a bf16 step match the eager model's, and a third shape compiles nothing new."""
-    from pipeline_src.compiling import compile_for_training, compiled_graphs
-    from pipeline_src.train import sequence_loss
+    from pipeline_src.train.compiling import compile_for_training, compiled_graphs
+    from pipeline_src.train.trainer import sequence_loss
 
     def model():
         torch.manual_seed(0)

@@ -84,7 +84,7 @@ for spec in $specs; do
   carried="$carried $spec"
 done
 if [[ -n ${BUNDLE_PARAMS:-} ]]; then  # only what the study reads: a node's transfers are often limited
-  used=$("$PY" -c "import sys; from pipeline_src.config import load_study; from pipeline_src.data.download import mirror_datasets
+  used=$("$PY" -c "import sys; from pipeline_src.study.config import load_study; from pipeline_src.data.download import mirror_datasets
 print(' '.join(mirror_datasets(load_study(sys.argv[1]))))" "$BUNDLE_PARAMS") || exit 1
   mkdir -p "$OUT/datasets"
   for f in "$MIRROR"/*; do [[ -f $f ]] && cp "$f" "$OUT/datasets/"; done  # the mirror's README and the like

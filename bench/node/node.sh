@@ -22,7 +22,7 @@
 # read from CORES, which some nodes set for other tools: 2 there once let only 2 of a part's 8
 # GPU job slots run at once.
 #
-# `parts` runs a study in the parts of its parts.yaml (pipeline_src/parts.py; all of them in turn,
+# `parts` runs a study in the parts of its parts.yaml (pipeline_src/node/parts.py; all of them in turn,
 # or the ones named), for job slots of a few minutes: each part trains and evaluates its runs with
 # jobs_per_gpu jobs sharing the GPU, stops them at its limit_s less 30 s (15 s for them to save
 # their state, then they are killed; ~10 s to pack), and writes one
@@ -109,7 +109,7 @@ if [[ $JOB == parts ]]; then
   if [[ $device == cuda && ${REQUIRE_CUDA:-1} == 1 ]]; then
     python -c "import sys, torch; torch.cuda.is_available() or sys.exit('error: this study needs a CUDA device and torch sees none')" || exit 1
   fi
-  export PIPELINE_JOBS_PER_GPU=$jobs_per_gpu  # the GPU's job slots (pipeline_src/gpu_slots.py)
+  export PIPELINE_JOBS_PER_GPU=$jobs_per_gpu  # the GPU's job slots (pipeline_src/runtime/gpu_slots.py)
   # K processes share the node's cores: small CPU thread pools each (their work is on the GPU)
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} MKL_NUM_THREADS=${MKL_NUM_THREADS:-2}
   python -m pipeline_src parts plan --params "$params" || exit 1

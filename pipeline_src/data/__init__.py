@@ -1,6 +1,12 @@
-"""Data stages: download (Hub / offline mirror / demo generators), filter, and shared helpers.
+"""Data stages: download (Hub / offline mirror / demo generators), filter, bpe, and shared helpers.
 
-Helpers here are used by `download.py`, `filter.py` and `../bpe.py`: deterministic Parquet
+    download.py   stage `download`: one dataset -> raw Parquet splits and a manifest
+    demo.py       deterministic synthetic corpora for the demo study
+    filter.py     stage `filter`: a task's raw rows -> normalised, filtered splits
+    bpe.py        stage `bpe`: SentencePiece model and encoded splits of a task's data variant
+    tokens.py     reading what `bpe` wrote: the SentencePiece model and the encoded splits
+
+Helpers here are used by `download.py`, `filter.py` and `bpe.py`: deterministic Parquet
 writing, file hashing, dotted field access into Arrow tables, and the one-line stage log.
 """
 from __future__ import annotations
@@ -11,7 +17,7 @@ import sys
 from pathlib import Path
 
 from ..common import reading
-from ..config import SPLITS  # noqa: F401  (re-exported for the data stages)
+from ..study.config import SPLITS  # noqa: F401  (re-exported for the data stages)
 
 # Splits with at least this many rows may be processed with `datasets.map(num_proc=...)`.
 MULTIPROC_MIN_ROWS = 50_000

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import SPLITS
+from ..study.config import SPLITS
 
 GENERATOR_FIELDS = {
     "reorder": {"src": "src", "tgt": "tgt"},

@@ -31,8 +31,8 @@ import zlib
 from pathlib import Path
 
 from ..common import StageError, atomic_dir, atomic_write_json, progress, provenance
-from ..config import ConfigError
-from ..paths import output_path
+from ..study.config import ConfigError
+from ..study.paths import output_path
 from . import dataset_fields, field_column, lm_word_count, log, quiet_datasets, sha256_file, write_parquet
 
 MIRROR_ENV = "PIPELINE_DATA_MIRROR"

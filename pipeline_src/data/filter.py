@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from ..common import StageError, atomic_dir, atomic_write_json, progress, provenance
-from ..config import ConfigError
-from ..paths import output_path
+from ..study.config import ConfigError
+from ..study.paths import output_path
 from . import (SPLITS, dataset_fields, field_column, lm_word_count, log, num_proc_for, quiet_datasets, read_parquet,
                split_lines, write_parquet)
 

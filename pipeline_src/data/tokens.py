@@ -1,6 +1,6 @@
 """Reading what the `bpe` stage wrote: the SentencePiece model and the encoded splits.
 
-Layout of data/<study>/bpe/<task>/ (see pipeline_src/bpe.py):
+Layout of data/<study>/bpe/<task>/ (see pipeline_src/data/bpe.py):
   spm.model, spm.vocab                     SentencePiece BPE, fixed ids PAD/UNK/BOS/EOS = 0/1/2/3
   <split>.<side>.ids.npy      int32        every sequence of the split concatenated (no BOS/EOS)
   <split>.<side>.offsets.npy  int64 (n+1)  sequence i = ids[offsets[i]:offsets[i+1]]

@@ -67,7 +67,7 @@ def batch_training_flops(cfg: ModelConfig, src_shape: tuple[int, int] | None, tg
     computed, as opposed to flops_per_token's figure at the maximum lengths.
 
     encoder_decoder: src (B,S) and decoder input (B,T). decoder_only / encoder_only: src_shape
-    None and the single sequence (B,L) that holds source and target (batching.py), every
+    None and the single sequence (B,L) that holds source and target (train/batching.py), every
     position of which goes through every layer and the output projection.
     """
     rows, length = tgt_shape

@@ -13,7 +13,7 @@ import unicodedata
 from pathlib import Path
 
 from ..common import StageError
-from ..paths import output_path
+from ..study.paths import output_path
 
 # name -> (short display name, higher is better)
 METRICS: dict[str, tuple[str, bool]] = {

@@ -33,9 +33,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import metrics
+from ..evaluate import metrics
 from ..common import StageError, atomic_write_text
-from ..seed_plan import run_seeds
+from ..study.seed_plan import run_seeds
 from . import stats, views
 from . import (ALPHA, BOOTSTRAP_SEED, FAILED_FRACTION, DUPLICATE_OF, METRIC_ORDER, TESTED_METRICS, comparable, higher_is_better,
                read_json, report_paths, require, run_paths)

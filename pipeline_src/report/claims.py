@@ -52,9 +52,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..claims_config import BUDGET_FREE_METRICS
+from ..study.claims_config import BUDGET_FREE_METRICS
 from ..common import StageError, atomic_write_text
-from ..paths import output_path, tune_record
+from ..study.paths import output_path, tune_record
 from . import (FAILED_FRACTION, display_name, fmt_num, latex_escape as esc, metric_digits, read_csv, read_json,
                report_paths)
 from . import stats
@@ -134,7 +134,7 @@ def _trains_at_another_lr(study, task: str, cell: str) -> str:
 
 
 def _at_this_budget(both: pd.DataFrame) -> str:
-    """What a verdict adds when some of its runs were still improving at their end (convergence.py)."""
+    """What a verdict adds when some of its runs were still improving at their end (study/convergence.py)."""
     flags = [str(v).lower() for side in ("c", "v") for v in _flag(both, side, "converged", None)]
     n_not = flags.count("false")
     return (f"; at this budget: {n_not} of the {len(flags)} runs compared had not converged (validation still "

@@ -1,11 +1,11 @@
 """Stage `plan` (adaptive seeds, params `seeds: {min, max}`): the claims judged on the first round
 of runs, and the cells of unsettled comparisons given the seeds up to `max`. The rule and why it
-keeps the error rate: pipeline_src/seed_plan.py.
+keeps the error rate: pipeline_src/study/seed_plan.py.
 """
 from __future__ import annotations
 
 from ..common import StageError, atomic_write_json
-from ..seed_plan import plan_path
+from ..study.seed_plan import plan_path
 from .aggregate import collect_results
 from .claims import evaluate_claims
 from .stats import fmt_runs

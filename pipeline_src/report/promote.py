@@ -1,5 +1,5 @@
 """Stage `promote`: a screening's stage-one families ranked, and which of them stage two runs
-(the rule: pipeline_src/screening.py); and, for the tables stage, whether stage one's
+(the rule: pipeline_src/study/screening.py); and, for the tables stage, whether stage one's
 conclusions held on stage two's full data.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from ..common import StageError, atomic_write_json
-from ..paths import promotion_path
+from ..study.paths import promotion_path
 from . import PRIMARY
 from .aggregate import RunOutputs, paired_test
 

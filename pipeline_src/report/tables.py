@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..common import StageError, atomic_dir
-from ..paths import data_paths
+from ..study.paths import data_paths
 from .aggregate import RUN_LEVEL
 from . import (ALPHA, TABLE_METRICS, time_unit, display_name, fmt_count, fmt_int, fmt_num, higher_is_better, is_missing,
                latex_escape as esc, latex_tt, mask_token_level, metric_digits, other_tokenizer, primary_metric,

@@ -11,7 +11,7 @@ reports/<study>/plots/<task>/learning_curve.tsv   tasks with data-size cells: th
     against the number of training rows (the baseline and each data-size cell).
 
 DVC draws one table row per metrics file and one line per plot data file, so the files are laid
-out the way the views should look. Paths come from here for both the writer and dvc_yaml.py.
+out the way the views should look. Paths come from here for both the writer and runtime/dvc_yaml.py.
 
 Both folders are kept in git (uncached DVC outputs): DVC reads them at any commit for `dvc metrics
 diff`, `dvc plots diff` and `dvc exp show`, and a study not yet run has them too, as placeholders
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..common import StageError, atomic_dir
-from ..seed_plan import run_seeds
+from ..study.seed_plan import run_seeds
 from . import PRIMARY, data_size_cells, read_csv, run_paths
 
 # pandas is imported where frames are made: every DVC stage imports this module (through
@@ -142,7 +142,7 @@ def _curve(study, task: str, cell: str, column: str) -> pd.DataFrame:
 def _learning_curve(study, task, headline: dict) -> pd.DataFrame:
     import pandas as pd
 
-    from ..paths import data_paths
+    from ..study.paths import data_paths
     from . import read_json
 
     metric = headline_metric(task.kind)

@@ -5,12 +5,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir)))
 
 from pipeline_src.common import StageError
-from pipeline_src.config import ConfigError, load_study
-from pipeline_src.run_lock import claim_run
-from pipeline_src import slurm_guard
+from pipeline_src.study.config import ConfigError, load_study
+from pipeline_src.runtime.run_lock import claim_run
+from pipeline_src.runtime import slurm_guard
 from pipeline_src.report import views
-from pipeline_src.scheduler_timers import coalesce_reevaluation_timers
-from pipeline_src.stages import DIRECTORIES, OUTPUTS, JobIndex
+from pipeline_src.runtime.scheduler_timers import coalesce_reevaluation_timers
+from pipeline_src.study.stages import DIRECTORIES, OUTPUTS, JobIndex
 
 PARAMS_FILE = config.get("params", "params.yaml")
 try:
@@ -22,7 +22,7 @@ except ConfigError as err:
 JOB = JobIndex(STUDY)
 
 # The run that Snakemake itself starts (not the per-job processes a cluster executor starts)
-# holds the study's run lock; locks left by a run that died are removed (pipeline_src/run_lock.py).
+# holds the study's run lock; locks left by a run that died are removed (pipeline_src/runtime/run_lock.py).
 if workflow.is_main_process:
     try:
         _stale_locks = claim_run(STUDY.name)
@@ -30,7 +30,7 @@ if workflow.is_main_process:
         raise SystemExit(f"error: {err}")
     for _stale in _stale_locks:
         print(f"pipeline: removed stale lock {_stale} of a dead run of study '{STUDY.name}'", file=sys.stderr)
-    # One re-scheduling timer instead of one more per finished job (pipeline_src/scheduler_timers.py).
+    # One re-scheduling timer instead of one more per finished job (pipeline_src/runtime/scheduler_timers.py).
     coalesce_reevaluation_timers()
 REPORT_PDF = OUTPUTS["report"]["pdf"].format(study=STUDY.name)
 

@@ -109,7 +109,7 @@ rule report:
         "{params.cmd} 2> {log}"
 
 
-# Two-stage screening: ranks stage one's families, records which stage two trains (screening.py).
+# Two-stage screening: ranks stage one's families, records which stage two trains (pipeline_src/study/screening.py).
 rule promote:
     input:
         stage_inputs("promote"),

@@ -1,5 +1,5 @@
 # One job per task x cell x seed. `gpu=1`: with `--resources gpu=N`, at most N run at once, and
-# each claims a free GPU of its own (pipeline_src/gpu_slots.py) rather than all piling onto GPU 0;
+# each claims a free GPU of its own (pipeline_src/runtime/gpu_slots.py) rather than all piling onto GPU 0;
 # PIPELINE_JOBS_PER_GPU=K gives each GPU K slots (then --resources gpu=GPUs*K).
 rule train:
     input:
@@ -42,7 +42,7 @@ rule tune:
         "{params.cmd} 2> {log}"
 
 
-# Adaptive seeds: after the first round, which cells run the seeds beyond it (pipeline_src/seed_plan.py).
+# Adaptive seeds: after the first round, which cells run the seeds beyond it (pipeline_src/study/seed_plan.py).
 rule plan:
     input:
         stage_inputs("plan"),

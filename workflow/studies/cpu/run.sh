@@ -14,7 +14,7 @@
 # report.pdf/.tex, results/summary/significance/claims/references CSVs, the cost table, the exact
 # command, wall time and the `validate` estimate beside it, versions, dvc.lock (hashes of every
 # output, `dvc commit` after the run) and the re-checked run's metrics files under check/ (what
-# `.ci/run` compares a fresh run of it against: pipeline_src/reference.py).
+# `.ci/run` compares a fresh run of it against: pipeline_src/report/reference.py).
 # CORES (default 2) sets --cores; --fresh deletes this study's previous outputs first.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -75,7 +75,7 @@ cp "$LOGS/validate.txt" "$OUT/validate.txt"
 echo "$CMD" > "$OUT/command.txt"
 read -r task cell seed <<<"$CHECK_RUN"
 if [[ "$CHECK_PARAMS" != "$PARAMS" ]]; then  # the shortened run CI re-makes: made here once (not timed)
-  target=$(python -c "import sys; from pipeline_src.config import load_study; from pipeline_src.stages import output_path
+  target=$(python -c "import sys; from pipeline_src.study.config import load_study; from pipeline_src.study.stages import output_path
 s = load_study(sys.argv[1]); print(output_path('evaluate', 'metrics', study=s.name, task=sys.argv[2], cell=sys.argv[3], seed=int(sys.argv[4])))" \
     "$CHECK_PARAMS" "$task" "$cell" "$seed")
   snakemake --cores "$CORES" --config params="$CHECK_PARAMS" --quiet rules -- "$target"

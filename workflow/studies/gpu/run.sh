@@ -47,7 +47,7 @@ if [[ $RESUME == 0 ]]; then
   rm -rf "data/$NAME" "reports/$NAME" "logs/$NAME"
 fi
 mkdir -p "$OUT" "logs/$NAME"
-export PIPELINE_JOBS_PER_GPU=$K  # K slots on the one GPU (pipeline_src/gpu_slots.py)
+export PIPELINE_JOBS_PER_GPU=$K  # K slots on the one GPU (pipeline_src/runtime/gpu_slots.py)
 # --keep-going: a GPU is rare; one failed run must not stop the others (the report then is not built)
 SNAKEMAKE_ARGS=(--cores "$CORES" --resources gpu="$K" --keep-going --config params="$PARAMS")
 PDF=1

@@ -19,20 +19,21 @@ from .paths import (DIRECTORIES, METRICS, OUTPUTS, PLOTS, SCRATCH, data_paths, o
                     promotion_path, seed_plan_path, stage_command, tune_path, tune_record, write_records)
 
 # The module each stage runs (python -m pipeline_src STAGE dispatches to its `run`). A stage's code
-# dependencies are that module's import closure inside the package (pipeline_src/imports.py),
+# dependencies are that module's import closure inside the package (pipeline_src/study/imports.py),
 # plus the files it reads that are not Python: editing any of them reruns the stage under both
 # drivers (DVC hashes them; Snakemake compares modification times). Directories are expanded to
 # their files, because Snakemake looks at a directory's own mtime (which an edited file does not
 # change) while DVC hashes its content.
 ENTRIES = {
-    "download": "pipeline_src.data.download", "filter": "pipeline_src.data.filter", "bpe": "pipeline_src.bpe",
-    "tune": "pipeline_src.tune", "train": "pipeline_src.train", "evaluate": "pipeline_src.evaluate",
+    "download": "pipeline_src.data.download", "filter": "pipeline_src.data.filter", "bpe": "pipeline_src.data.bpe",
+    "tune": "pipeline_src.train.tune", "train": "pipeline_src.train.trainer",
+    "evaluate": "pipeline_src.evaluate.evaluator",
     "promote": "pipeline_src.report.promote", "plan": "pipeline_src.report.plan",
     "aggregate": "pipeline_src.report.aggregate", "figures": "pipeline_src.report.figures",
     "tables": "pipeline_src.report.tables", "claims": "pipeline_src.report.claims", "report": "pipeline_src.report.build",
 }
 RESOURCES = {"report": ["pipeline_src/report/templates/*"]}
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _expand(pattern: str) -> list[str]:

@@ -19,7 +19,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from .common import writing
+from ..common import writing
 
 _held = []  # the open flock handle; referenced so that the lock lives as long as the process
 

@@ -26,7 +26,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from .data.tokens import PAD
+from ..data.tokens import PAD
 
 
 def token_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: float = 0.0,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .common import StageError
+from ..common import StageError
 from .paths import output_path, promotion_path, write_records
 
 NOT_PROMOTED = "NOT_PROMOTED.json"

@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from .common import StageError, atomic_write_text, write_error, writing
+from ..common import StageError, atomic_write_text, write_error, writing
 
 LOG_COLUMNS = ["step", "epoch", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s", "mem_mb"]
 SCALARS = {"train_loss": "loss/train", "val_loss": "loss/validation", "lr": "lr", "grad_norm": "grad_norm",

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 PACKAGE = "pipeline_src"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @functools.lru_cache(maxsize=1)

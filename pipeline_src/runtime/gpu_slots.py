@@ -46,7 +46,7 @@ def jobs_per_gpu() -> int:
     """K from PIPELINE_JOBS_PER_GPU (default 1)."""
     raw = os.environ.get("PIPELINE_JOBS_PER_GPU", "1")
     if not raw.isdigit() or int(raw) < 1:
-        from .common import StageError
+        from ..common import StageError
         raise StageError(f"PIPELINE_JOBS_PER_GPU={raw!r}: must be an integer >= 1")
     return int(raw)
 
@@ -86,7 +86,7 @@ def select_device(study):
     """The torch device a job of `study` runs on: a free GPU slot, or the CPU at PIPELINE_CPU_THREADS threads."""
     import torch
 
-    from .common import StageError
+    from ..common import StageError
 
     want = study.device
     if want == "cuda" and not torch.cuda.is_available():

@@ -90,7 +90,7 @@ def _minutes(text: str) -> float:
     except ValueError:
         minutes = -1.0
     if not minutes > 0:
-        from .common import StageError
+        from ..common import StageError
         raise StageError(f"PIPELINE_MAX_JOB_MINUTES={text!r}: expected a positive number of minutes")
     return minutes
 

@@ -30,9 +30,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .config import Study
-from .report.views import headline_metric, metrics_file
-from .paths import METRICS, output_path
+from ..study.config import Study
+from .views import headline_metric, metrics_file
+from ..study.paths import METRICS, output_path
 
 ROWS = ("Experiment", "Created")
 SECTIONS = ("model", "train", "eval", "filter", "bpe")  # a cell's settings (not its family or label)

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import atomic_file, reading
+from ..common import atomic_file, reading
 
-STATE_FORMAT = 2  # 2: optimiser per device (pipeline_src/optim.py), no scheduler state
+STATE_FORMAT = 2  # 2: optimiser per device (pipeline_src/train/optim.py), no scheduler state
 
 
 def new_state() -> dict:

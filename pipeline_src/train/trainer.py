@@ -1,14 +1,14 @@
 """Stage `train`: one task x cell x seed.
 
 GPU first (bf16 autocast, TF32, SDPA; optional torch.compile), CPU fallback with the same params
-(bf16 autocast there too where the CPU has bf16 units: pipeline_src/precision.py).
+(bf16 autocast there too where the CPU has bf16 units: pipeline_src/train/precision.py).
 
 How it reads: `run()` builds a `Trainer` (set-up: data, model, optimiser, compilation, and the
 state of an interrupted run, if any), calls `Trainer.train()` (the loop: one `train_step` per
 optimiser step; every `log_every` steps a log row; every `eval_every` steps `evaluate` and
 `save_state`), then `train_outputs.write_outputs()`. Resumable: the full training state (model,
 optimiser, RNGs, data position, best metric, patience, log) is saved atomically after every
-evaluation (train_state.py), and a restarted run continues from it; a run killed at any moment
+evaluation (state.py), and a restarted run continues from it; a run killed at any moment
 ends with the same weights and metrics as one that was never interrupted (bit for bit on CPU).
 """
 from __future__ import annotations
@@ -24,20 +24,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import batching, preemption, screening, seed_plan, train_state
-from .common import StageError, progress, reading, seed_everything
+from . import batching, preemption, state as train_state
+from ..study import screening, seed_plan
+from ..common import StageError, progress, reading, seed_everything
 from .compiling import compile_for_training, eager, token_loss
-from .config import CellConfig, Study
-from .data.tokens import BOS, EOS, PAD, load_spm
-from .gpu_slots import select_device
+from ..study.config import CellConfig, Study
+from ..data.tokens import BOS, EOS, PAD, load_spm
+from ..runtime.gpu_slots import select_device
 from .live_log import LiveLog
-from .model import ModelConfig, Transformer, batch_training_flops, count_parameters, flops_per_token
-from .model.checkpoint import load_trained_model  # noqa: F401 (train.load_trained_model: its readers)
+from ..model import ModelConfig, Transformer, batch_training_flops, count_parameters, flops_per_token
+from ..model.checkpoint import load_trained_model  # noqa: F401 (train.load_trained_model: its readers)
 from .optim import adamw
 from .precision import autocast
-from .paths import SCRATCH, data_paths, output_path, tune_record
+from ..study.paths import SCRATCH, data_paths, output_path, tune_record
 from .step_meter import StepMeter
-from .train_outputs import memory_mb, write_outputs
+from .outputs import memory_mb, write_outputs
 
 
 def run(study: Study, task: str, cell_name: str, seed: int) -> None:
@@ -84,7 +85,7 @@ class Trainer:
         self.model = Transformer(self.model_cfg).to(device)
         self.rank, self.world = distributed_setup(device)
         # torch's fused AdamW on CUDA; on CPU the same arithmetic without torch.optim's import of
-        # torch._dynamo (pipeline_src/optim.py). The schedule sets the lr before every step.
+        # torch._dynamo (pipeline_src/train/optim.py). The schedule sets the lr before every step.
         self.optimizer = adamw(self.model.parameters(), device, lr=learning_rate(1, t), betas=t.betas, eps=t.eps,
                                weight_decay=t.weight_decay)
         self.step_fn, self.loss_fn, self.compiled, self.graphs = self._compile()
@@ -105,7 +106,7 @@ class Trainer:
     def _compile(self):
         """(what a step runs the model through, the loss function, compiled?, CUDA graphs?).
         train.compile: torch.compile, scoped and shaped so that its warm-up stays short
-        (pipeline_src/compiling.py; cost.json: compiled_graphs, warmup_s, batch_shapes).
+        (pipeline_src/train/compiling.py; cost.json: compiled_graphs, warmup_s, batch_shapes).
         train.cuda_graphs: each compiled region is also replayed as a CUDA graph per shape
         (torch's "reduce-overhead" mode), which removes the per-kernel launch cost small models pay."""
         t, device = self.t, self.device

@@ -28,7 +28,7 @@ import functools
 import json
 from pathlib import Path
 
-from .common import StageError
+from ..common import StageError
 from .paths import output_path, write_records
 
 NOT_NEEDED = "NOT_NEEDED.json"

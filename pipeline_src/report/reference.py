@@ -7,7 +7,7 @@ have re-made that run from scratch (download -> ... -> evaluate; `.ci/run` does 
 
     python -m pipeline_src check-reference --params P --task T --cell C --seed N --reference DIR
 
-compares every figure, and first the machines (pipeline_src/machine.py; cost.json "machine"):
+compares every figure, and first the machines (pipeline_src/runtime/machine.py; cost.json "machine"):
 what decides the floats is the CPU's vendor and the instruction sets its kernels use (ATen's CPU
 capability, the AVX-512/AMX flags oneDNN and MKL look at, any variable forcing lower kernels),
 the torch and numpy versions, the thread count and the arithmetic (precision), not the model
@@ -40,10 +40,10 @@ import math
 import shutil
 from pathlib import Path
 
-from . import machine
-from .common import StageError, package_versions
-from .config import Study
-from .paths import output_path
+from ..runtime import machine
+from ..common import StageError, package_versions
+from ..study.config import Study
+from ..study.paths import output_path
 
 ABSOLUTE = {"bleu": 0.3, "chrf": 0.5, "rouge1": 0.5, "rouge2": 0.5, "rougeLsum": 0.5}
 RELATIVE_PPL = 0.01

@@ -17,10 +17,11 @@ import shutil
 
 import torch
 
-from . import allocator, machine, precision, train_state
-from .common import atomic_dir, atomic_write_json, atomic_write_text, cpu_name, provenance, utc_stamp
+from ..runtime import allocator, machine
+from . import precision, state as train_state
+from ..common import atomic_dir, atomic_write_json, atomic_write_text, cpu_name, provenance, utc_stamp
 from .compiling import compiled_graphs
-from .convergence import CONVERGED_RULE, converged
+from ..study.convergence import CONVERGED_RULE, converged
 from .live_log import log_tsv
 
 
@@ -75,7 +76,7 @@ def cost_record(run) -> dict:
         "start_utc": utc_stamp(run.started_unix, "milliseconds"), "end_utc": utc_stamp(run.ended_unix, "milliseconds"),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "cpu_count": os.cpu_count(), "peak_mem_mb": memory_mb(device, peak=True),
-        # forked from the start-up server (pipeline_src/preload.py): its peak memory leaves out the
+        # forked from the start-up server (pipeline_src/runtime/preload.py): its peak memory leaves out the
         # pages of the libraries that the copy never touched (~50 MB less on a CPU)
         "preloaded": os.environ.get("PIPELINE_PRELOADED") == str(os.getpid()),
         "precision": precision.name(device, t.precision),
@@ -83,8 +84,8 @@ def cost_record(run) -> dict:
         "machine": machine.facts(precision.name(device, t.precision),
                                  torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"),
         "mfu": (3 * fpt * tokens_per_s / peak) if peak else None, "peak_flops": peak,
-        "achieved_flops": 3 * fpt * tokens_per_s,  # the convention of estimate.py (FLOPs at the max lengths)
-        # measured from every step's batches (train.py): what the run computed and read
+        "achieved_flops": 3 * fpt * tokens_per_s,  # the convention of study/estimate.py (FLOPs at the max lengths)
+        # measured from every step's batches (trainer.py): what the run computed and read
         "train_flops": run.state.get("train_flops", 0.0), "processed_tokens": run.state.get("processed_tokens", 0),
         "target_tokens": run.state.get("global_target_tokens", run.state["train_tokens"]),
         "resumed_from_step": run.resumed_from, "stops": run.state.get("stops", []), "pad_fraction": meter.pad_fraction, "batch_shapes": len(meter.shapes),

@@ -13,7 +13,7 @@ them. So if the controller stays unreachable for PIPELINE_SLURM_UNREACHABLE_S se
 300), the run says so in one line and stops: SIGTERM first (Snakemake's graceful exit), then,
 since a graceful exit waits for the very jobs the plugin lost track of, a hard exit 30 s later.
 Its locks are then stale and the same command, typed again, continues the study
-(pipeline_src/run_lock.py); submitted jobs keep running under SLURM meanwhile.
+(pipeline_src/runtime/run_lock.py); submitted jobs keep running under SLURM meanwhile.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The parts of a study that runs in short GPU job slots: `parts.yaml` beside the params file.
-(pipeline_src/parts.py runs, packs and builds them; estimate.py predicts their minutes.)"""
+(pipeline_src/node/parts.py runs, packs and builds them; study/estimate.py predicts their minutes.)"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from .common import ConfigError
-from .config import NAME_RE, Study
+from ..common import ConfigError
+from ..study.config import NAME_RE, Study
 
 MAX_PARTS = 8
 Run = tuple  # (task, cell, seed)

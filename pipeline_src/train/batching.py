@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .config import bucket_length  # noqa: F401  (the grid lives beside the positions check)
-from .data.tokens import BOS, EOS, PAD, load_sequences
+from ..study.config import bucket_length  # noqa: F401  (the grid lives beside the positions check)
+from ..data.tokens import BOS, EOS, PAD, load_sequences
 
 
 @dataclass

@@ -19,9 +19,9 @@ from typing import Any
 
 import yaml
 
-from .common import ConfigError  # noqa: F401  (raised here; re-exported for callers)
+from ..common import ConfigError  # noqa: F401  (raised here; re-exported for callers)
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "workflow" / "schemas" / "params.schema.yaml"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "params.schema.yaml"
 # libyaml's parser where PyYAML has it: the same documents about 8x faster, which every stage
 # pays when it reads its params file and the schema.
 YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -72,7 +72,7 @@ class TrainConfig:
     max_src_len: int = 256
     max_tgt_len: int = 256
     lm_seq_len: int = 128
-    precision: str = "auto"  # auto = bf16 autocast on CUDA and on CPUs with bf16 units, else fp32 (precision.py)
+    precision: str = "auto"  # auto = bf16 autocast on CUDA and on CPUs with bf16 units, else fp32 (train/precision.py)
     compile: bool = False
     average_last: int = 0  # average the last N saved checkpoints into the final model
     log_every: int = 10  # also how often the step's loss and grad norm are read back (a host sync)
@@ -83,7 +83,7 @@ class TrainConfig:
     # With compile on CUDA: replay each static batch shape's compiled step as a CUDA graph
     # (torch.compile mode "reduce-overhead"); needs length_buckets for seq2seq tasks.
     cuda_graphs: bool = False
-    # What compile compiles (pipeline_src/compiling.py): "layers" = one encoder and one decoder
+    # What compile compiles (pipeline_src/train/compiling.py): "layers" = one encoder and one decoder
     # layer, reused by every layer of a stack (short warm-up); "model" = the whole graph.
     compile_scope: str = "layers"
     # null = torch's automatic dynamic shapes (two compilations per region, whatever the number

@@ -4,7 +4,7 @@ Per training job: target tokens = max_steps x grad_accum x the target tokens of 
 (batch_tokens; for sequence-to-sequence its target share max_tgt_len / max_src_len when the source
 is longer), an upper bound (padding and early stopping only lower it); FLOPs = 3 x FLOPs per
 token x tokens, with FLOPs per token from model/accounting.py at the configured maximum lengths,
-exactly as train.py computes them for MFU, so the benchmark's achieved FLOP/s (same convention)
+exactly as train/trainer.py computes them for MFU, so the benchmark's achieved FLOP/s (same convention)
 converts them to time. Hours = FLOPs / the achieved
 FLOP/s of the most recent real-cell benchmark (cost.json: MFU x measured peak), if there is one:
 reports/bench/real_cell.json (bench/bench_real_cell.py) first, else the committed H100 record.
@@ -13,7 +13,7 @@ one single-threaded training job, and as many jobs at a time as the machine has 
 `snakemake --cores N` runs), so the wall-clock line is training only: data preparation,
 evaluation and the report come on top.
 
-A study with a parts file (pipeline_src/parts.py; the GPU study) also gets its wall time on the
+A study with a parts file (pipeline_src/node/parts.py; the GPU study) also gets its wall time on the
 GPU the file names, part by part (`predict_parts`), by list-scheduling its jobs on the GPU's job
 slots as Snakemake does. What is measured and what is assumed is said where each number is set.
 """
@@ -23,14 +23,14 @@ import json
 import os
 from pathlib import Path
 
-from .common import ConfigError
+from ..common import ConfigError
 from .config import Study
-from .data.tokens import BOS, EOS, PAD
-from .model import ModelConfig, Transformer, count_parameters, flops_per_token
+from ..data.tokens import BOS, EOS, PAD
+from ..model import ModelConfig, Transformer, count_parameters, flops_per_token
 
 PARAMS_MATCH_TOLERANCE = 0.01  # a cell's `params_match`: the largest relative difference accepted
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BENCH_FILES = (ROOT / "reports" / "bench" / "real_cell.json",
                ROOT / "bench" / "results" / "h100" / "real_cell_multi30k_cost.json")
 CPU_BENCH_FILES = (ROOT / "reports" / "bench" / "real_cell_cpu.json",
@@ -150,7 +150,7 @@ def summary(study: Study) -> str:
         else:
             text += "\n  (no real-cell benchmark yet: bench/bench_real_cell.py measures the throughput for hours)"
     if study.device in ("cuda", "auto"):
-        from .parts_layout import layout_path
+        from ..node.parts_layout import layout_path
 
         if layout_path(study).is_file():  # a study that runs in parts: its wall time, part by part
             text += "\n" + predict_parts(study)["text"]
@@ -268,7 +268,7 @@ def _slots_per_task(study: Study, timing_path: Path) -> dict[str, int]:
     job_slots_used: the layout's jobs_per_gpu, or fewer when Snakemake had fewer cores)."""
     if not timing_path.exists():
         return {}
-    from .parts_layout import load_layout
+    from ..node.parts_layout import load_layout
 
     used = {p["part"]: p.get("job_slots_used") for p in json.loads(timing_path.read_text()).get("parts", [])}
     slots: dict[str, int] = {}
@@ -314,7 +314,7 @@ def _makespan(jobs: list[tuple[float, float]], slots: int) -> float:
 
 def predict_parts(study: Study, layout=None) -> dict:
     """{"parts": {name: seconds}, "study_s": seconds, "text": lines for validate, "basis": sources}."""
-    from .parts_layout import load_layout
+    from ..node.parts_layout import load_layout
 
     layout = layout or load_layout(study)
     if study.device == "cpu":

@@ -60,10 +60,11 @@ from pathlib import Path
 
 import yaml
 
-from .common import ConfigError, StageError, atomic_write_json, atomic_write_text, git_commit, package_versions, utc_stamp
-from .config import Study
+from ..common import (ConfigError, StageError, atomic_write_json, atomic_write_text, git_commit, package_versions,
+                      utc_stamp)
+from ..study.config import Study
 from .parts_layout import Layout, Run, archive_name, load_layout, study_runs
-from .paths import OUTPUTS, data_paths, output_path
+from ..study.paths import OUTPUTS, data_paths, output_path
 
 PARTIAL_EXIT = 3  # build: a report was built, but of fewer runs than the study has
 
@@ -160,8 +161,8 @@ def _attention_shift(study: Study, run: Run, blob: dict, packed: bytes) -> float
     try:
         import torch
 
-        from .model import ModelConfig, Transformer
-        from .report.figures import sample_inputs
+        from ..model import ModelConfig, Transformer
+        from ..report.figures import sample_inputs
 
         task = study.tasks[run[0]]
         cfg = ModelConfig(**blob["meta"]["model_config"])
@@ -302,7 +303,7 @@ def pack(study: Study, part_name: str, out_dir: str, started: str | None = None,
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     try:
-        from .estimate import predict_parts
+        from ..study.estimate import predict_parts
 
         record["predicted_s"] = predict_parts(study, layout)["parts"].get(part.name)
     except Exception:  # noqa: BLE001 - the prediction is context, never a reason to lose a part
@@ -521,14 +522,14 @@ def _restore_sample(study: Study, sample: dict, path: Path) -> None:
 
 def _report_stages(params: str) -> None:
     """aggregate, figures, tables, claims, report: the stage commands of the stage table."""
-    from .config import load_study
-    from .stages import build_jobs
+    from ..study.config import load_study
+    from ..study.stages import build_jobs
 
     study = load_study(params)
     order = ("aggregate", "figures", "tables", "claims", "report")
     jobs = sorted((j for j in build_jobs(study) if j.stage in order), key=lambda j: order.index(j.stage))
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     for job in jobs:
         cmd = [sys.executable, "-m", "pipeline_src", job.stage, "--params", params]
@@ -616,7 +617,7 @@ def _reference(study: Study, layout: Layout, records: list[dict], out: str, miss
             "device_name", "precision"]
     results[[c for c in cols if c in results]].to_csv(out_dir / "cost.csv", index=False, float_format="%.6g")
     try:
-        from .estimate import predict_parts
+        from ..study.estimate import predict_parts
 
         predicted = predict_parts(study, layout)
     except Exception as e:  # noqa: BLE001
@@ -654,7 +655,7 @@ def _reference(study: Study, layout: Layout, records: list[dict], out: str, miss
     if any(u.is_file() for u in util):  # every part's samples, for the throughput summary's utilisation
         atomic_write_text(Path(f"logs/{s}/gpu_util.csv"), "".join(u.read_text() for u in util if u.is_file()))
         shutil.copy2(f"logs/{s}/gpu_util.csv", out_dir / "gpu_util.csv")
-    script = Path(__file__).resolve().parent.parent / "bench" / "study_throughput.py"
+    script = Path(__file__).resolve().parents[2] / "bench" / "study_throughput.py"
     if script.is_file():  # per-run and aggregate tok/s and MFU over each task's training window
         proc = subprocess.run([sys.executable, str(script), "--study", s, "--out", str(out_dir), "--name", "throughput",
                                "--state", "failed" if missing else "finished", "--source", "the parts' archives"],
@@ -680,7 +681,7 @@ def targets(study: Study, part_name: str) -> list[str]:
 
 
 def plan(study: Study) -> str:
-    from .estimate import predict_parts
+    from ..study.estimate import predict_parts
 
     layout = load_layout(study)
     lines = [f"study {study.name}: {len(study_runs(study))} runs in {len(layout.parts)} parts"

@@ -1,6 +1,6 @@
 """Where every stage's outputs live, as templates over a job's wildcards, and the command that
 runs a stage. The stage modules read and write through these; the stage table
-(pipeline_src/stages.py) builds the DAG from them.
+(pipeline_src/study/stages.py) builds the DAG from them.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ OUTPUTS: dict[str, dict[str, str]] = {
     # `bpe` get their own filtered set / tokenizer; cells with equal settings share them.
     "filter": {"filtered": "data/{study}/filtered/{task}/{fv}"},
     "bpe": {"bpe": "data/{study}/bpe/{task}/{fv}/{tv}"},
-    # A cell's peak lr chosen on validation before its runs (cells with train.lr_grid; tune.py).
+    # A cell's peak lr chosen on validation before its runs (cells with train.lr_grid; train/tune.py).
     "tune": {"tune": "data/{study}/tune/{task}/{cell}"},
     "train": {
         "ckpt": "data/{study}/runs/{task}/{cell}/seed{seed}/ckpt",
@@ -51,7 +51,7 @@ OUTPUTS: dict[str, dict[str, str]] = {
 }
 DIRECTORIES = {"raw", "filtered", "bpe", "tune", "ckpt", "outputs", "figures", "tables", "headline", "plots"}
 # What DVC shows as metrics and plots: the study-level views only (one small file per task x cell;
-# plots defined at the top level of dvc.yaml by pipeline_src/dvc_yaml.py). Per-run metrics files
+# plots defined at the top level of dvc.yaml by pipeline_src/runtime/dvc_yaml.py). Per-run metrics files
 # stay plain outputs: declared as metrics they made `dvc metrics show` a table of ~80 rows.
 METRICS = {("aggregate", "headline")}
 PLOTS = {("aggregate", "plots")}
@@ -77,7 +77,7 @@ def tune_path(study: Study, task: str, cell: str) -> str:
 
 
 def tune_record(study: Study, task: str, cell: str) -> Path:
-    """The tune stage's record of a cell: its lr grid, every trial and the lr chosen (tune.py)."""
+    """The tune stage's record of a cell: its lr grid, every trial and the lr chosen (train/tune.py)."""
     return Path(tune_path(study, task, cell)) / "tune.json"
 
 
@@ -86,7 +86,7 @@ def write_records(stage: str, rec: dict, marker: str, **wildcards) -> None:
     an adaptive seed not needed), holding the record of why: directories get the `marker` file,
     the training log a header only, JSON files the record. The DAG stays static; the record says
     why there is nothing in it."""
-    from .common import atomic_dir, atomic_write_json, atomic_write_text
+    from ..common import atomic_dir, atomic_write_json, atomic_write_text
 
     for name in OUTPUTS[stage]:
         path = Path(output_path(stage, name, **wildcards))

@@ -18,11 +18,11 @@ import math
 import shutil
 from pathlib import Path
 
-from .common import StageError, atomic_dir, atomic_write_json
-from .config import Study
+from ..common import StageError, atomic_dir, atomic_write_json
+from ..study.config import Study
 from .live_log import log_tsv
-from .paths import SCRATCH, tune_record
-from .train import NonFiniteLoss, Trainer
+from ..study.paths import SCRATCH, tune_record
+from .trainer import NonFiniteLoss, Trainer
 
 
 def _rate_name(lr: float) -> str:

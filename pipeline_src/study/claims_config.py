@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .common import ConfigError
+from ..common import ConfigError
 
 # Every claim metric is one number per training run (results.csv), compared run against run
 # (report/stats.py). Evaluation metrics of each task kind:
