@@ -112,6 +112,13 @@ def test_the_cached_graph_follows_an_edited_module(tmp_path, monkeypatch):
         figures = tmp_path / "pipeline_src" / "report" / "figures.py"
         figures.write_text(figures.read_text() + "\n\ndef _late():\n    from ..train.trainer import Trainer  # noqa\n")
         assert "pipeline_src.train.trainer" in fresh()["pipeline_src.report.figures"]
+        # The same module name from another file (x.py -> x/__init__.py, mtime and size kept): its
+        # relative imports now start one folder deeper, and the cached entry is not reused.
+        layout = tmp_path / "pipeline_src" / "node" / "parts_layout.py"
+        assert "pipeline_src.study.config" in fresh()["pipeline_src.node.parts_layout"]
+        (layout.parent / "parts_layout").mkdir()
+        shutil.move(layout, layout.parent / "parts_layout" / "__init__.py")
+        assert "pipeline_src.study.config" not in fresh()["pipeline_src.node.parts_layout"]
     finally:
         imports.modules.cache_clear()
         imports.import_graph.cache_clear()

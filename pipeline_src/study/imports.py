@@ -67,7 +67,9 @@ def import_graph() -> dict[str, frozenset[str]]:
     files, changed = cache["files"], False
     for name, path in mods.items():
         st = path.stat()
-        stamp = [st.st_mtime_ns, st.st_size]
+        # The file's path is part of its stamp: a module name can move between `x.py` and
+        # `x/__init__.py` (which also changes what its relative imports mean).
+        stamp = [path.relative_to(ROOT).as_posix(), st.st_mtime_ns, st.st_size]
         if files.get(name, {}).get("stamp") != stamp:
             files[name] = {"stamp": stamp, "imports": sorted({m for m, _ in imported(name, path, mods)})}
             changed = True
