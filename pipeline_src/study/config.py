@@ -280,8 +280,8 @@ class Study:
         """The task under which the run of `task`/`cell` lives: a stage-two cell that the screened
         task's own grid also trains is that same run (same data, settings and seeds), so it is
         trained once and read from there; every other run is its own task's."""
-        t = self.task(task)
-        return t.source if t.stage == 2 and cell in self.tasks[t.source].cells else task
+        spec = self.task(task)
+        return spec.source if spec.stage == 2 and cell in self.tasks[spec.source].cells else task
 
     def own_cells(self, task: str) -> tuple[str, ...]:
         """The cells `task` trains itself (see run_task)."""
@@ -290,16 +290,16 @@ class Study:
     def data_task(self, task: str) -> str:
         """The task whose filter/bpe jobs make `task`'s data: its own, except stage two of a
         screening, which is the screened task's data."""
-        t = self.task(task)
-        return t.source if t.stage == 2 else task
+        spec = self.task(task)
+        return spec.source if spec.stage == 2 else task
 
     def data_cells(self, task: str) -> tuple[str, ...]:
         """The cells whose data variants `task`'s filter/bpe jobs make: its own cells and, for a
         screened task, the stage-two cells it does not train itself."""
         if self.data_task(task) != task:
             return ()
-        extra = [c for t in self.screen_tasks.values() if t.stage == 2 and t.source == task
-                 for c in self.own_cells(t.name)]
+        extra = [c for other in self.screen_tasks.values() if other.stage == 2 and other.source == task
+                 for c in self.own_cells(other.name)]
         return tuple(dict.fromkeys(self.task(task).cells + tuple(extra)))
 
     def data_variant(self, task: str, cell: str) -> tuple[str, str]:
@@ -666,27 +666,27 @@ def load_study(path: str | Path) -> Study:
     for name, (sweep, _) in swept.items():
         by_sweep.setdefault(sweep, []).append(name)
     tasks = {}
-    for name, t in raw["tasks"].items():
-        t = dict(t, cells=_expand_names(t["cells"], by_sweep))
-        if t["dataset"] not in datasets:
-            raise ConfigError(f"{where}: tasks.{name}.dataset: unknown dataset {t['dataset']!r}")
-        if datasets[t["dataset"]].kind != t["kind"]:
+    for name, spec in raw["tasks"].items():
+        spec = dict(spec, cells=_expand_names(spec["cells"], by_sweep))
+        if spec["dataset"] not in datasets:
+            raise ConfigError(f"{where}: tasks.{name}.dataset: unknown dataset {spec['dataset']!r}")
+        if datasets[spec["dataset"]].kind != spec["kind"]:
             raise ConfigError(
-                f"{where}: tasks.{name}.kind: {t['kind']} but dataset {t['dataset']} is {datasets[t['dataset']].kind}")
-        for c in t["cells"]:
+                f"{where}: tasks.{name}.kind: {spec['kind']} but dataset {spec['dataset']} is {datasets[spec['dataset']].kind}")
+        for c in spec["cells"]:
             if c not in cells:
                 raise ConfigError(f"{where}: tasks.{name}.cells: unknown cell {c!r} (define it under cells or sweeps)")
-        baseline = t.get("baseline_cell", t["cells"][0])
-        if baseline not in t["cells"]:
+        baseline = spec.get("baseline_cell", spec["cells"][0])
+        if baseline not in spec["cells"]:
             raise ConfigError(f"{where}: tasks.{name}.baseline_cell: {baseline!r} is not in the task's cells")
-        filt = dict(t.get("filter", {}))
+        filt = dict(spec.get("filter", {}))
         if "splits_to_filter" in filt:
             filt["splits_to_filter"] = tuple(filt["splits_to_filter"])
-        if t.get("enabled", True):
+        if spec.get("enabled", True):
             tasks[name] = TaskConfig(
-                name=name, kind=t["kind"], dataset=t["dataset"], cells=tuple(t["cells"]),
-                baseline_cell=baseline, filter=FilterConfig(**filt), bpe=BpeConfig(**t.get("bpe", {})),
-                model=t.get("model", {}), train=t.get("train", {}), eval=t.get("eval", {}))
+                name=name, kind=spec["kind"], dataset=spec["dataset"], cells=tuple(spec["cells"]),
+                baseline_cell=baseline, filter=FilterConfig(**filt), bpe=BpeConfig(**spec.get("bpe", {})),
+                model=spec.get("model", {}), train=spec.get("train", {}), eval=spec.get("eval", {}))
     if not tasks:
         raise ConfigError(f"{where}: tasks: every task is disabled (enabled: false); nothing to run")
 
