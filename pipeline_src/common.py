@@ -346,10 +346,12 @@ def cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
-def utc_stamp(unix_s: float | None = None, timespec: str = "seconds") -> str:
-    """An ISO 8601 UTC time ("...+00:00"), of `unix_s` or now, to `timespec` precision."""
+def utc_stamp(unix_s: float | None = None, timespec: str = "seconds", zulu: bool = False) -> str:
+    """An ISO 8601 UTC time ("...+00:00"), of `unix_s` or now, to `timespec` precision; with
+    zulu=True it ends in "Z" instead, as `date -u +%FT%TZ` writes it."""
     when = time.time() if unix_s is None else unix_s
-    return datetime.datetime.fromtimestamp(when, datetime.timezone.utc).isoformat(timespec=timespec)
+    stamp = datetime.datetime.fromtimestamp(when, datetime.timezone.utc).isoformat(timespec=timespec)
+    return stamp.replace("+00:00", "Z") if zulu else stamp
 
 
 def git_commit() -> str:

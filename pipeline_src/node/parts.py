@@ -214,11 +214,6 @@ def _versions_text() -> str:
     return "\n".join(lines) + "\n\npip freeze:\n" + freeze
 
 
-def _utc(t: float | None = None) -> str:
-    """A part's times as its archive records them: seconds, "Z" for UTC."""
-    return utc_stamp(t).replace("+00:00", "Z")
-
-
 def _seconds(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
@@ -287,7 +282,7 @@ def pack(study: Study, part_name: str, out_dir: str, started: str | None = None,
 
     layout = load_layout(study)
     part = layout.part(part_name)
-    ended = _utc()
+    ended = utc_stamp(zulu=True)  # a part's times end in "Z", as node.sh's start time does
     done = [r for r in part.runs if run_complete(study, r)]
     missing = _missing(study, part.runs, done)
     stem = archive_name(study, layout, part.name)[: -len(".tar.gz")]
