@@ -25,9 +25,9 @@ import numpy as np
 from ..common import (StageError, atomic_dir, atomic_write_bytes, atomic_write_json, atomic_write_text, progress,
                      provenance, save_array)
 from ..study.config import ConfigError
+from ..study.paths import output_path
 from . import SPLITS, log, num_proc_for, quiet_datasets, read_parquet
 from .tokens import BOS, EOS, PAD, SPECIAL_PIECES, UNK, sides_for
-from ..study.paths import output_path
 
 MAX_SENTENCE_BYTES = 1 << 16  # longer training lines are cut at whitespace (BPE merges never cross it)
 SAMPLE_SEED = 0

@@ -23,18 +23,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..train import batching
-from . import metrics
-from ..study import screening, seed_plan
 from ..common import StageError, atomic_dir, atomic_write_json, progress, provenance, seed_everything
-from ..study.config import Study
 from ..data.tokens import EOS, PAD, load_spm
 from ..model import beam_search
-from ..model.static_decode import beam_search_static
-from ..study.paths import data_paths, output_path
-from ..train.precision import autocast
-from ..runtime.gpu_slots import select_device
 from ..model.checkpoint import load_trained_model
+from ..model.static_decode import beam_search_static
+from ..runtime.gpu_slots import select_device
+from ..study import screening, seed_plan
+from ..study.config import Study
+from ..study.paths import data_paths, output_path
+from ..train import batching
+from ..train.precision import autocast
+from . import metrics
 
 
 @torch.no_grad()

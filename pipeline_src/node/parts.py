@@ -63,8 +63,8 @@ import yaml
 from ..common import (ConfigError, StageError, atomic_write_json, atomic_write_text, git_commit, package_versions,
                       utc_stamp)
 from ..study.config import Study
-from .parts_layout import Layout, Run, archive_name, load_layout, study_runs
 from ..study.paths import OUTPUTS, data_paths, output_path
+from .parts_layout import Layout, Run, archive_name, load_layout, study_runs
 
 PARTIAL_EXIT = 3  # build: a report was built, but of fewer runs than the study has
 

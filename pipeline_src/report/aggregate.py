@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..evaluate import metrics
 from ..common import StageError, atomic_write_text
+from ..evaluate import metrics
 from ..study.seed_plan import run_seeds
 from . import stats, views
 from . import (ALPHA, BOOTSTRAP_SEED, FAILED_FRACTION, DUPLICATE_OF, METRIC_ORDER, TESTED_METRICS, comparable, higher_is_better,

@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..common import StageError, atomic_write_text, git_commit, package_versions
-from ..study.seed_plan import run_seeds
 from ..study.paths import dvc_yaml_path, stage_command
+from ..study.seed_plan import run_seeds
 from .aggregate import RUN_LEVEL
 from . import (display_name, fmt_int, fmt_num, higher_is_better, is_missing, latex_escape as esc, latex_tt,
                metric_digits, primary_metric, read_csv, read_json, report_paths, run_paths)

@@ -52,8 +52,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..study.claims_config import BUDGET_FREE_METRICS
 from ..common import StageError, atomic_write_text
+from ..study.claims_config import BUDGET_FREE_METRICS
 from ..study.paths import output_path, tune_record
 from . import (FAILED_FRACTION, display_name, fmt_num, latex_escape as esc, metric_digits, read_csv, read_json,
                report_paths)

@@ -31,8 +31,8 @@ import sys
 from pathlib import Path
 
 from ..study.config import Study
-from .views import headline_metric, metrics_file
 from ..study.paths import METRICS, output_path
+from .views import headline_metric, metrics_file
 
 ROWS = ("Experiment", "Created")
 SECTIONS = ("model", "train", "eval", "filter", "bpe")  # a cell's settings (not its family or label)

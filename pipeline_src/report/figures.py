@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from ..common import StageError, atomic_dir
-from ..study.seed_plan import run_seeds
 from ..study.paths import data_paths
+from ..study.seed_plan import run_seeds
 from .aggregate import RUN_LEVEL
 from . import (ALPHA, data_size_cells, display_name, higher_is_better, mask_token_level, primary_metric, read_csv,
                report_paths, run_paths, safe_name)

@@ -40,8 +40,8 @@ import math
 import shutil
 from pathlib import Path
 
-from ..runtime import machine
 from ..common import StageError, package_versions
+from ..runtime import machine
 from ..study.config import Study
 from ..study.paths import output_path
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import yaml
 
 from ..common import atomic_write_text
-from ..study.config import Study
 from ..report import display_name
 from ..report import views
 from ..report.views import curve_path, headline_metric, headline_plot_path, learning_curve_cells, learning_curve_path
+from ..study.config import Study
 from ..study.paths import METRICS, PLOTS, dvc_yaml_path, output_path  # noqa: F401 (dvc_yaml_path: its callers)
 from ..study.stages import Job, jobs_by_stage
 

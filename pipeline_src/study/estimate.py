@@ -24,9 +24,9 @@ import os
 from pathlib import Path
 
 from ..common import ConfigError
-from .config import Study
 from ..data.tokens import BOS, EOS, PAD
 from ..model import ModelConfig, Transformer, count_parameters, flops_per_token
+from .config import Study
 
 PARAMS_MATCH_TOLERANCE = 0.01  # a cell's `params_match`: the largest relative difference accepted
 

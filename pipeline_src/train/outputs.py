@@ -17,11 +17,11 @@ import shutil
 
 import torch
 
-from ..runtime import allocator, machine
-from . import precision, state as train_state
 from ..common import atomic_dir, atomic_write_json, atomic_write_text, cpu_name, provenance, utc_stamp
-from .compiling import compiled_graphs
+from ..runtime import allocator, machine
 from ..study.convergence import CONVERGED_RULE, converged
+from . import precision, state as train_state
+from .compiling import compiled_graphs
 from .live_log import log_tsv
 
 

@@ -24,21 +24,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import batching, preemption, state as train_state
-from ..study import screening, seed_plan
 from ..common import StageError, progress, reading, seed_everything
-from .compiling import compile_for_training, eager, token_loss
-from ..study.config import CellConfig, Study
 from ..data.tokens import BOS, EOS, PAD, load_spm
-from ..runtime.gpu_slots import select_device
-from .live_log import LiveLog
 from ..model import ModelConfig, Transformer, batch_training_flops, count_parameters, flops_per_token
-from ..model.checkpoint import load_trained_model  # noqa: F401 (train.load_trained_model: its readers)
-from .optim import adamw
-from .precision import autocast
+from ..runtime.gpu_slots import select_device
+from ..study import screening, seed_plan
+from ..study.config import CellConfig, Study
+from . import batching, preemption, state as train_state
+from .compiling import compile_for_training, eager, token_loss
+from .live_log import LiveLog
+from ..model.checkpoint import load_trained_model  # noqa: F401 (trainer.load_trained_model: its readers)
 from ..study.paths import SCRATCH, data_paths, output_path, tune_record
-from .step_meter import StepMeter
+from .optim import adamw
 from .outputs import memory_mb, write_outputs
+from .precision import autocast
+from .step_meter import StepMeter
 
 
 def run(study: Study, task: str, cell_name: str, seed: int) -> None:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ..common import StageError, atomic_dir, atomic_write_json
 from ..study.config import Study
-from .live_log import log_tsv
 from ..study.paths import SCRATCH, tune_record
+from .live_log import log_tsv
 from .trainer import NonFiniteLoss, Trainer
 
 
