@@ -102,7 +102,7 @@ test-avx2: install
 
 # What a GPU node without internet needs, packed for it (docs/gpu-nodes.md).
 bundle: install
-	bash bench/node/bundle.sh
+	bash workflow/node/bundle.sh
 
 bench: install
 	@for b in bench/bench_*.py; do echo "== $$b"; python $$b || exit 1; done

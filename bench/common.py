@@ -162,7 +162,7 @@ def tool_env(code: Path | None = None) -> dict:
     """Environment in which `python`, `snakemake` and `dvc` are those of this interpreter's venv, and
     `pipeline_src` is imported from `code` (default: the command's working directory). The caller's
     other PYTHONPATH entries stay: on a GPU node run from a bundle they hold the bundle's packages
-    (bench/node/node.sh), without which the stages cannot import datasets or jsonschema.
+    (workflow/node/node.sh), without which the stages cannot import datasets or jsonschema.
     Every job runs in a process of its own, never forked from a start-up server (PIPELINE_PRELOAD,
     pipeline_src/runtime/preload.py): its CPU time and memory are then the command's children's, as the
     tables report them."""

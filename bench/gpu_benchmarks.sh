@@ -10,7 +10,7 @@
 #   bash bench/gpu_benchmarks.sh d   # summarization decoding at the study's scale: the evaluate stage's decoder
 #                                    # over 2,000 CNN/DailyMail-length articles, beam 4 (host / static / graphs)
 #
-# On a GPU node without internet: `bash bundle/node.sh bench a` (bench/node/node.sh) runs a part
+# On a GPU node without internet: `bash bundle/node.sh bench a` (workflow/node/node.sh) runs a part
 # with the bundle's packages and packs what it wrote.
 # Every benchmark prints its table and writes .md/.json (machine, versions, command in the header)
 # under $DEST (default bench/results/h100), and the console goes to $DEST/session_<part>.log.

@@ -21,7 +21,7 @@ training alone would reach.
     python bench/study_throughput.py --study gpu [--root DIR] [--state finished|running|failed]
                                      [--source TEXT] [--out bench/results/h100] [--name study_gpu_throughput]
 
---root: where data/ and logs/ are (default: the repository, where bench/node/unpack.sh puts a
+--root: where data/ and logs/ are (default: the repository, where workflow/node/unpack.sh puts a
 study that ran on a node). Target: none; it reports what a study achieved.
 """
 from __future__ import annotations

@@ -356,7 +356,7 @@ def utc_stamp(unix_s: float | None = None, timespec: str = "seconds", zulu: bool
 
 def git_commit() -> str:
     """HEAD of the checkout the code runs from; PIPELINE_GIT_COMMIT where the copy has no .git
-    (bench/node/node.sh sets it from the bundle it unpacked)."""
+    (workflow/node/node.sh sets it from the bundle it unpacked)."""
     if os.environ.get("PIPELINE_GIT_COMMIT"):
         return os.environ["PIPELINE_GIT_COMMIT"]
     try:

@@ -45,6 +45,6 @@ def without_shipped_pipelines(repo: Path, keep: tuple[str, ...] = ()) -> Path:
 
 def checkout_env(**extra) -> dict:
     """os.environ with this checkout first on PYTHONPATH. The caller's entries stay after it: on a GPU
-    node run from a bundle they hold the bundle's packages (bench/node/node.sh)."""
+    node run from a bundle they hold the bundle's packages (workflow/node/node.sh)."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     return dict(os.environ, PYTHONPATH=path, PIPELINE_QUIET="1", **extra)

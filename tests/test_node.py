@@ -1,4 +1,4 @@
-"""A GPU node without internet (bench/node/): `make bundle` packs wheels, datasets and the repository,
+"""A GPU node without internet (workflow/node/): `make bundle` packs wheels, datasets and the repository,
 `node.sh` installs offline and runs a study there, `unpack.sh` puts the results back. All of it on
 this CPU, end to end, plus the refusals that must come before any time is spent."""
 import json
@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ["bench/node/bundle.sh", "bench/node/node.sh", "bench/node/unpack.sh", "bench/gpu_benchmarks.sh",
+SCRIPTS = ["workflow/node/bundle.sh", "workflow/node/node.sh", "workflow/node/unpack.sh", "bench/gpu_benchmarks.sh",
            "workflow/studies/gpu/run.sh", "workflow/studies/cpu/run.sh"]
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -56,7 +56,7 @@ def bundle(tmp_path_factory):
     env = dict(os.environ, PATH=_bin_path(), PYTHON=sys.executable, BUNDLE=str(tmp / "bundle"),
                PIPELINE_DATA_MIRROR=str(mirror), NODE_PYTHON=PY_VERSION, NEEDS="rouge-score", NODE_HAS="numpy",
                BUNDLE_PARAMS=str(tmp / "reads_tiny.yaml"))
-    proc = subprocess.run(["bash", "bench/node/bundle.sh"], cwd=ROOT, capture_output=True, text=True, env=env,
+    proc = subprocess.run(["bash", "workflow/node/bundle.sh"], cwd=ROOT, capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return tmp
@@ -74,7 +74,7 @@ def test_bundle_holds_wheels_datasets_and_the_repository(bundle):
     assert sorted(p.name for p in (b / "datasets").iterdir()) == ["README.md", "tiny"]
     with tarfile.open(b / "repo.tar.gz") as tar:
         members = set(tar.getnames())
-    assert {"pipeline_src/train/trainer.py", "bench/node/unpack.sh", "tests/fixtures/params/valid_tiny.yaml"} <= members
+    assert {"pipeline_src/train/trainer.py", "workflow/node/unpack.sh", "tests/fixtures/params/valid_tiny.yaml"} <= members
     assert (bundle / "bundle.tar.gz").stat().st_size > 0
 
 
@@ -100,7 +100,7 @@ def test_node_runs_a_study_offline_and_unpack_puts_it_back(bundle, tmp_path):
     checkout.mkdir()
     with tarfile.open(node / "bundle" / "repo.tar.gz") as tar:
         tar.extractall(checkout, filter="data")
-    proc = subprocess.run(["bash", "bench/node/unpack.sh", str(results)], cwd=checkout, capture_output=True,
+    proc = subprocess.run(["bash", "workflow/node/unpack.sh", str(results)], cwd=checkout, capture_output=True,
                           text=True, env={"PATH": _bin_path(), "HOME": str(tmp_path)}, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (checkout / "reports" / "tiny" / "report.pdf").stat().st_size > 0

@@ -699,7 +699,7 @@ def run(study: Study, action: str, part: str | None, out: str | None, inputs: li
         return 0
     if action in ("targets", "pack") and not part:
         raise ConfigError(f"parts {action}: --part NAME is needed")
-    if action == "layout":  # for bench/node/node.sh: shell assignments
+    if action == "layout":  # for workflow/node/node.sh: shell assignments
         layout = load_layout(study)
         print(f"jobs_per_gpu={layout.jobs_per_gpu} limit_s={int(layout.limit_s)} device={study.device} "
               f"parts='{' '.join(p.name for p in layout.parts)}'")

@@ -123,7 +123,7 @@ if os.path.isdir(".git"):
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                                 text=True).stdout.strip())
-else:  # a copy without .git (a node's bundle): the commit bench/node/bundle.sh recorded
+else:  # a copy without .git (a node's bundle): the commit workflow/node/bundle.sh recorded
     commit, dirty = os.environ.get("PIPELINE_GIT_COMMIT", "unknown (no .git)"), False
 freeze = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True).stdout
 with open(f"{out}/versions.txt", "w") as f:
@@ -137,5 +137,5 @@ if ((PDF)); then
 else
   echo "reference products in $OUT/, without the PDF (no TeX here). Where TeX is, with these outputs in place:"
   echo "  python -m pipeline_src report --params $PARAMS && cp reports/$NAME/report.{pdf,tex} $OUT/"
-  echo "  (bench/node/unpack.sh does this for the results of bundle/node.sh study)"
+  echo "  (workflow/node/unpack.sh does this for the results of bundle/node.sh study)"
 fi

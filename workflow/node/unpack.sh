@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Put what a node job made (bench/node/node.sh) where the repository keeps it. From the repository
+# Put what a node job made (workflow/node/node.sh) where the repository keeps it. From the repository
 # root of the checkout the bundle was made from:
 #
-#   bash bench/node/unpack.sh results-study-gpu.tar.gz results-bench-a.tar.gz ...
+#   bash workflow/node/unpack.sh results-study-gpu.tar.gz results-bench-a.tar.gz ...
 #
 #   results-study-<name>  -> reports/<name>, logs/<name>, data/<name>/eval and every run's records
 #                            (ignored by git: the study's outputs, as if it had run here), and
@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 [[ -d .venv/bin ]] && export PATH="$PWD/.venv/bin:$PATH"
 RESULTS=${RESULTS_DIR:-bench/results/${RESULTS_NAME:-node}}
-(( $# )) || { echo "usage: bash bench/node/unpack.sh results-<job>.tar.gz..." >&2; exit 2; }
+(( $# )) || { echo "usage: bash workflow/node/unpack.sh results-<job>.tar.gz..." >&2; exit 2; }
 
 for tarball in "$@"; do
   [[ -f $tarball ]] || { echo "error: $tarball not found"; exit 1; }
@@ -76,7 +76,7 @@ for tarball in "$@"; do
         echo "error: $tarball is a part of a study (bash node.sh parts); build the report from all of its parts:"
         echo "  python -m pipeline_src parts build $(dirname "$tarball") --params $(python -c "import json, sys; print(json.load(open(sys.argv[1]))['params_file'])" "$src/part.json")"
       else
-        echo "error: $tarball is not a results tarball of bench/node/node.sh"
+        echo "error: $tarball is not a results tarball of workflow/node/node.sh"
       fi
       rm -rf "$tmp"; exit 1
       ;;

@@ -2,7 +2,7 @@
 # Pack what a compute node without internet needs to run a study or the benchmarks, on a machine
 # that has it (from the repository root, after `make install`):
 #
-#   make bundle                    # = bash bench/node/bundle.sh -> bundle/ and bundle.tar.gz
+#   make bundle                    # = bash workflow/node/bundle.sh -> bundle/ and bundle.tar.gz
 #
 # bundle/ holds
 #   wheels/       the project's runtime packages as wheels for the node's Python and platform, at
@@ -13,7 +13,7 @@
 #   datasets/     a copy of the offline dataset mirror (PIPELINE_DATA_MIRROR or ../shared/datasets): all
 #                 of it, or with BUNDLE_PARAMS=<a study's params file> only the folders that study reads
 #   repo.tar.gz   the repository at HEAD (uncommitted changes to tracked files included and flagged)
-#   node.sh       what runs there (bench/node/node.sh); bundle.json: commit, date, Python, packages
+#   node.sh       what runs there (workflow/node/node.sh); bundle.json: commit, date, Python, packages
 #
 # Settings: BUNDLE_PARAMS (default: none, the whole mirror), NODE_PYTHON (default 3.12),
 # NODE_PLATFORM (x86_64 or aarch64; default this machine's),
@@ -101,7 +101,7 @@ dirty=false
 git diff --quiet HEAD -- . || dirty=true
 tree=$(git stash create 2>/dev/null || true)
 git archive --format=tar.gz -o "$OUT/repo.tar.gz" "${tree:-HEAD}"
-cp bench/node/node.sh "$OUT/node.sh"
+cp workflow/node/node.sh "$OUT/node.sh"
 "$PY" - "$OUT/bundle.json" "$commit" "$dirty" "$NODE_PYTHON" "$NODE_PLATFORM" "$NODE_HAS" "$carried" "$built" <<'PY'
 import datetime, json, sys
 out, commit, dirty, python, platform, has, carried, built = sys.argv[1:]

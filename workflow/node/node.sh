@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run a study or the benchmarks on a compute node without internet, from a bundle made by
-# `make bundle` on a connected machine (bench/node/bundle.sh). On the node:
+# `make bundle` on a connected machine (workflow/node/bundle.sh). On the node:
 #
 #   tar -xzf bundle.tar.gz
 #   bash bundle/node.sh parts workflow/studies/gpu/params.yaml OUT [PART...]   # a study in parts -> OUT/*.tar.gz
@@ -13,7 +13,7 @@
 # unpacks the repository into bundle/repo. Every job runs there with the dataset mirror
 # bundle/datasets, writes what it makes under bundle/results/<job>/ and packs that directory into
 # bundle/results-<job>.tar.gz: bring that file back and unpack it into the repository with
-#   bash bench/node/unpack.sh results-<job>.tar.gz
+#   bash workflow/node/unpack.sh results-<job>.tar.gz
 # A study keeps its reports, logs, evaluation outputs and every run's records (not its
 # checkpoints); a study directory with a run.sh (the GPU and CPU reference studies) is run through
 # it, which also times it and gathers its products. Without TeX on the node the study stops before
@@ -202,5 +202,5 @@ esac
 echo "$status" > "$RESULTS/exit_status"
 tar -czf "$BUNDLE/results-$name.tar.gz" -C "$BUNDLE/results" "$name"
 echo "results: $BUNDLE/results-$name.tar.gz (exit status $status); bring it back and run" \
-     "bash bench/node/unpack.sh results-$name.tar.gz in the repository"
+     "bash workflow/node/unpack.sh results-$name.tar.gz in the repository"
 exit "$status"
