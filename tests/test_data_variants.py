@@ -260,14 +260,14 @@ def test_not_promoted_jobs_write_records_instead_of_training(tmp_path, monkeypat
     from pipeline_src.train import trainer
 
     trainer.run(study, "scr-s2", "no_residual", 0)
-    wc = dict(study="tiny", task="scr-s2", cell="no_residual", seed=0)
+    path_fields = dict(study="tiny", task="scr-s2", cell="no_residual", seed=0)
     for name in ("ckpt", "metrics", "log", "cost"):
-        assert Path(output_path("train", name, **wc)).exists(), name
-    assert json.loads(Path(output_path("train", "metrics", **wc)).read_text())["promoted"] is False
-    assert not list(Path(output_path("train", "ckpt", **wc)).glob("*.pt"))
+        assert Path(output_path("train", name, **path_fields)).exists(), name
+    assert json.loads(Path(output_path("train", "metrics", **path_fields)).read_text())["promoted"] is False
+    assert not list(Path(output_path("train", "ckpt", **path_fields)).glob("*.pt"))
     evaluator.run(study, "scr-s2", "no_residual", 0)
-    assert json.loads(Path(output_path("evaluate", "metrics", **wc)).read_text())["promoted"] is False
-    assert Path(output_path("evaluate", "outputs", **wc)).is_dir()
+    assert json.loads(Path(output_path("evaluate", "metrics", **path_fields)).read_text())["promoted"] is False
+    assert Path(output_path("evaluate", "outputs", **path_fields)).is_dir()
 
 
 def test_held_verdict_compares_stage_two_with_stage_one(tmp_path, monkeypatch):

@@ -56,16 +56,16 @@ def test_cpu_bf16_training_and_evaluation_are_bit_for_bit_deterministic(tmp_path
     for stage, arg in [("download", ["--dataset", "tiny_reorder"]), ("filter", ["--task", "reorder"]),
                        ("bpe", ["--task", "reorder"])]:
         _stage(tmp_path, env, stage, *arg)
-    wc = dict(study="tiny", task="reorder", cell="baseline", seed=0)
+    path_fields = dict(study="tiny", task="reorder", cell="baseline", seed=0)
     job = ["--task", "reorder", "--cell", "baseline", "--seed", "0"]
     runs = []
     for forced in ("1", "1", "0"):
         env["PIPELINE_CPU_BF16"] = forced
         _stage(tmp_path, env, "train", *job)
         _stage(tmp_path, env, "evaluate", *job)
-        cost = json.loads((tmp_path / output_path("train", "cost", **wc)).read_text())
-        runs.append(((tmp_path / output_path("train", "metrics", **wc)).read_bytes(),
-                     (tmp_path / output_path("evaluate", "metrics", **wc)).read_bytes(), cost["precision"],
+        cost = json.loads((tmp_path / output_path("train", "cost", **path_fields)).read_text())
+        runs.append(((tmp_path / output_path("train", "metrics", **path_fields)).read_bytes(),
+                     (tmp_path / output_path("evaluate", "metrics", **path_fields)).read_bytes(), cost["precision"],
                      cost["allocator"]))
     assert [r[2] for r in runs] == ["bf16-autocast", "bf16-autocast", "fp32"]
     assert runs[0][:2] == runs[1][:2]

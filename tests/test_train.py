@@ -61,8 +61,8 @@ def _train_cmd(params="tiny.yaml", cell="baseline"):
 
 
 def _outputs(d: Path, cell="baseline"):
-    wc = dict(study="tiny", task="reorder", cell=cell, seed=0)
-    return d / output_path("train", "metrics", **wc), d / output_path("train", "ckpt", **wc), d / SCRATCH.format(**wc)
+    path_fields = dict(study="tiny", task="reorder", cell=cell, seed=0)
+    return d / output_path("train", "metrics", **path_fields), d / output_path("train", "ckpt", **path_fields), d / SCRATCH.format(**path_fields)
 
 
 def _clear(d: Path, cell="baseline"):

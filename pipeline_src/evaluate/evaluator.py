@@ -183,8 +183,8 @@ def run(study: Study, task: str, cell_name: str, seed: int) -> None:
     if seed_plan.write_not_needed_eval(study, task, cell_name, seed):  # an adaptive seed the plan did not ask for
         return
     cell = study.cell(task, cell_name)
-    wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
-    ckpt = Path(output_path("train", "ckpt", **wc))
+    path_fields = dict(study=study.name, task=task, cell=cell_name, seed=seed)
+    ckpt = Path(output_path("train", "ckpt", **path_fields))
     bpe_dir = Path(data_paths(study, task, cell_name)[1])  # the cell's data variant
     if not (ckpt / "best.pt").exists():
         raise StageError(f"{ckpt}: no best.pt; run the train stage for {task}/{cell_name}/seed{seed} first")
@@ -298,18 +298,18 @@ def write_outputs(study: Study, task: str, cell_name: str, seed: int, model, dev
     metrics, and for lm the window, stride and mean context they were scored with, in `lm_eval`
     beside them) and eval_info.json (identity, metric signatures, samples, provenance)."""
     cell = study.cell(task, cell_name)
-    wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
-    with atomic_dir(Path(output_path("evaluate", "outputs", **wc))) as tmp:
+    path_fields = dict(study=study.name, task=task, cell=cell_name, seed=seed)
+    with atomic_dir(Path(output_path("evaluate", "outputs", **path_fields))) as tmp:
         columns = ["split", "index", "nll", "tokens", "words"]
         (tmp / "per_example.tsv").write_text(_tsv(columns, [[p[c] for c in columns] for p in per_example]))
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
     signatures = {k: result.pop(k) for k in [k for k in result if k.endswith("_signature")]}
     lm_eval = result.pop("lm_eval", None)
-    atomic_write_json(Path(output_path("evaluate", "metrics", **wc)), {
+    atomic_write_json(Path(output_path("evaluate", "metrics", **path_fields)), {
         "metrics": result, "n_test": int(sum(p["split"] == "test" for p in per_example)),
         "checkpoint_step": meta.get("step"), **({"lm_eval": lm_eval} if lm_eval else {})})
-    atomic_write_json(Path(output_path("evaluate", "info", **wc)), {
+    atomic_write_json(Path(output_path("evaluate", "info", **path_fields)), {
         "task": task, "cell": cell_name, "seed": seed, "kind": cell.kind, "family": cell.family, "label": cell.label,
         "leaks_future": cell.leaks_future, "signatures": signatures, "samples": samples,
         "decoding": decoding_method(cell.eval, model, device) if cell.kind != "lm" else None,

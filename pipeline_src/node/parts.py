@@ -72,9 +72,9 @@ PARTIAL_EXIT = 3  # build: a report was built, but of fewer runs than the study 
 def run_files(study: Study, run: Run) -> dict[str, Path]:
     """A run's records that travel (not its checkpoint) and the one that says it is complete."""
     t, c, s = run
-    wc = dict(study=study.name, task=t, cell=c, seed=s)
-    files = {f"train.{n}": Path(output_path("train", n, **wc)) for n in OUTPUTS["train"] if n != "ckpt"}
-    files.update({f"evaluate.{n}": Path(output_path("evaluate", n, **wc)) for n in OUTPUTS["evaluate"]})
+    path_fields = dict(study=study.name, task=t, cell=c, seed=s)
+    files = {f"train.{n}": Path(output_path("train", n, **path_fields)) for n in OUTPUTS["train"] if n != "ckpt"}
+    files.update({f"evaluate.{n}": Path(output_path("evaluate", n, **path_fields)) for n in OUTPUTS["evaluate"]})
     return files
 
 
@@ -470,7 +470,7 @@ def build(study: Study, inputs: list[str], reference: str | None = None) -> int:
     if not missing:
         _report_stages(study.path)
         if reference:
-            _reference(study, layout, records, reference, missing=[])
+            _write_reference_copy(study, layout, records, reference, missing=[])
         print(f"report: {output_path('report', 'pdf', study=s)} (all {n} runs, {len(records)} archives)")
         return 0
     rows, lost_parts = _why_missing(layout, records, missing)
@@ -485,7 +485,7 @@ def build(study: Study, inputs: list[str], reference: str | None = None) -> int:
     _report_stages(str(derived))
     atomic_write_text(Path(f"reports/{s}/missing_runs.txt"), text + "\n")
     if reference:
-        _reference(study, layout, records, reference, missing=rows)
+        _write_reference_copy(study, layout, records, reference, missing=rows)
     print(f"PARTIAL report: {output_path('report', 'pdf', study=s)} ({n - len(missing)} of {n} runs; "
           f"missing runs in reports/{s}/missing_runs.txt)", file=sys.stderr)
     return PARTIAL_EXIT
@@ -596,7 +596,7 @@ def _partial_params(study: Study, missing: list[Run], rows: list[dict]):
 # --- the reference copy (reports/reference/<gpu>/) ---------------------------------------------------
 
 
-def _reference(study: Study, layout: Layout, records: list[dict], out: str, missing: list[dict]) -> None:
+def _write_reference_copy(study: Study, layout: Layout, records: list[dict], out: str, missing: list[dict]) -> None:
     """The report's products, each part's time beside its prediction, versions and utilisation."""
     import pandas as pd
 

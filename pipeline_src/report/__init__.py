@@ -122,16 +122,16 @@ def report_paths(study) -> dict[str, Path]:
 
 def run_paths(study, task: str, cell: str, seed: int) -> dict[str, Path]:
     # (a stage-two cell that the screened task trains itself is that task's run)
-    wc = dict(study=study.name, task=study.run_task(task, cell), cell=cell, seed=seed)
+    path_fields = dict(study=study.name, task=study.run_task(task, cell), cell=cell, seed=seed)
     return {
-        "train_metrics": Path(output_path("train", "metrics", **wc)),
-        "train_info": Path(output_path("train", "info", **wc)),
-        "cost": Path(output_path("train", "cost", **wc)),
-        "log": Path(output_path("train", "log", **wc)),
-        "ckpt": Path(output_path("train", "ckpt", **wc)),
-        "eval_metrics": Path(output_path("evaluate", "metrics", **wc)),
-        "eval_info": Path(output_path("evaluate", "info", **wc)),
-        "outputs": Path(output_path("evaluate", "outputs", **wc)),
+        "train_metrics": Path(output_path("train", "metrics", **path_fields)),
+        "train_info": Path(output_path("train", "info", **path_fields)),
+        "cost": Path(output_path("train", "cost", **path_fields)),
+        "log": Path(output_path("train", "log", **path_fields)),
+        "ckpt": Path(output_path("train", "ckpt", **path_fields)),
+        "eval_metrics": Path(output_path("evaluate", "metrics", **path_fields)),
+        "eval_info": Path(output_path("evaluate", "info", **path_fields)),
+        "outputs": Path(output_path("evaluate", "outputs", **path_fields)),
     }
 
 

@@ -156,12 +156,12 @@ def _set_aside(study, claim, comp, both: pd.DataFrame) -> tuple[str, str] | None
     failed = []
     for side, cell in (("c", comp.cell), ("v", comp.versus)):
         if side == "c" and claim.failure_is_effect:
-            if _flag(both, side, "failed", False).map(_true).any():
+            if _flag(both, side, "failed", False).map(_is_true).any():
                 why = _trains_at_another_lr(study, comp.task, cell)
                 if why:
                     return FAILED_AT_ONE_LR, why
             continue
-        flags = _flag(both, side, "failed", False).map(_true)
+        flags = _flag(both, side, "failed", False).map(_is_true)
         reasons = _flag(both, side, "failure", "")
         failed += [f"{cell}/seed{s} ({reasons[s]})" for s in both.index[flags.to_numpy()]]
     if failed:
@@ -379,7 +379,7 @@ def run(study) -> None:
 # --- LaTeX (used by the report stage) ------------------------------------------------------------
 
 
-def _p(p) -> str:
+def _p_text(p) -> str:
     if p is None or (isinstance(p, float) and math.isnan(p)):
         return "--"
     return "$<$0.001" if p < 0.001 else f"{p:.3f}"
@@ -448,7 +448,7 @@ def _rows(group: pd.DataFrame) -> list[str]:
             f"{esc(RUN_METRIC_NAMES.get(r['metric']) or display_name(r['metric']))} & {expect} & "
             f"{fmt_num(r['versus_value'], d)}$\\to${fmt_num(r['cell_value'], d)} & "
             f"{_signed(r['delta'], d)}{_interval(r, d)} & "
-            f"{_p(r['p_adjusted'])} & {_signs(r)} & {runs} & {verdict} \\\\")
+            f"{_p_text(r['p_adjusted'])} & {_signs(r)} & {runs} & {verdict} \\\\")
     return lines
 
 
@@ -512,7 +512,7 @@ def _signs(r) -> str:
     agree = r.get("seeds_agree")
     text = esc(str(agree)) if isinstance(agree, str) and agree else "--"
     if not _missing(r.get("p_permutation")):
-        text += r"\newline{\scriptsize $p_\pm$\," + _p(float(r["p_permutation"])) + "}"
+        text += r"\newline{\scriptsize $p_\pm$\," + _p_text(float(r["p_permutation"])) + "}"
     return text
 
 
@@ -563,7 +563,7 @@ def references_latex(frame: pd.DataFrame) -> str:
         if not (isinstance(r["ours_std"], float) and math.isnan(r["ours_std"])):
             ours += r" $\pm$ " + fmt_num(r["ours_std"], d)
         pub = (_signed(r["published"], d) if isinstance(r["versus"], str) else fmt_num(r["published"], d))
-        if _true(r["approximate"]):
+        if _is_true(r["approximate"]):
             pub = r"$\approx$" + pub
         diff = _signed(r["difference"], d)
         if not _missing(r.get("ours_rel_pct")) and not _missing(r.get("published_rel_pct")):
@@ -571,12 +571,12 @@ def references_latex(frame: pd.DataFrame) -> str:
             pub += rf"\newline ({_signed(r['published_rel_pct'], 1)}\,\%)"
             diff = _signed(r["ours_rel_pct"] - r["published_rel_pct"], 1) + r"\,pp"
         if isinstance(r["versus"], str) and r["same_sign"] is not None and not _missing(r["same_sign"]):
-            diff += " (same sign)" if _true(r["same_sign"]) else " (opposite sign)"
-        matches = "matches" if _true(r["matches_setting"]) else f"differs$^{{{i}}}$"
+            diff += " (same sign)" if _is_true(r["same_sign"]) else " (opposite sign)"
+        matches = "matches" if _is_true(r["matches_setting"]) else f"differs$^{{{i}}}$"
         lines.append(f"{esc(r['task'])}: {what} & {esc(display_name(r['metric']))} & {ours} & {pub} & {diff} & "
                      f"{matches} & {esc(r['citation'])} \\\\")
         note = str(r["note"]) if isinstance(r["note"], str) and r["note"] else ""
-        if not _true(r["matches_setting"]):
+        if not _is_true(r["matches_setting"]):
             notes.append(rf"\item[{i}] Settings differ, so the difference is not a like-for-like comparison. "
                          rf"Published setting: {esc(r['setting'])}." + (f" {esc(note)}" if note else ""))
         elif note:
@@ -591,7 +591,7 @@ def _missing(x) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
-def _true(x) -> bool:
+def _is_true(x) -> bool:
     return str(x).strip().lower() in ("true", "1", "yes")
 
 

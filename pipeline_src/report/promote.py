@@ -35,22 +35,22 @@ def rank_families(study, screen_name: str, tests: dict[str, dict]) -> list[dict]
         fams.setdefault(study.cells[c]["family"], []).append(c)
     rows = []
     for fam, cells in fams.items():
-        best = min(cells, key=lambda c: (_p(tests[c]), -abs(tests[c]["delta"]), c))
+        best = min(cells, key=lambda c: (_p_or_one(tests[c]), -abs(tests[c]["delta"]), c))
         r = tests[best]
         rows.append({"family": fam, "cells": cells, "cell": best, "delta": r["delta"], "p_value": r["p_value"],
                      "base": r["base"], "cell_score": r["cell_score"]})
-    rows.sort(key=lambda r: (_p(r), -abs(r["delta"]), r["family"]))
+    rows.sort(key=lambda r: (_p_or_one(r), -abs(r["delta"]), r["family"]))
     n_promoted = 0
     for rank, r in enumerate(rows, 1):
         r["rank"] = rank
-        ok = screen.max_p is None or _p(r) < screen.max_p
+        ok = screen.max_p is None or _p_or_one(r) < screen.max_p
         ok = ok and (screen.top_k is None or n_promoted < screen.top_k)
         r["promoted"] = bool(ok)
         n_promoted += ok
     return rows
 
 
-def _p(r) -> float:
+def _p_or_one(r) -> float:
     p = r["p_value"]
     return 1.0 if p is None or (isinstance(p, float) and math.isnan(p)) else float(p)
 
@@ -91,7 +91,7 @@ def held(study, screen_name: str, alpha: float) -> list[dict]:
         r["delta2"] = t2["delta"] if t2 else None
         r["p_value2"] = t2["p_value"] if t2 else None
         if t2:
-            sig1, sig2 = _p(f) < alpha, _p(t2) < alpha
+            sig1, sig2 = _p_or_one(f) < alpha, _p_or_one(t2) < alpha
             r["held"] = sig1 == sig2 and (not sig1 or (f["delta"] > 0) == (t2["delta"] > 0))
         else:
             r["held"] = None

@@ -169,8 +169,8 @@ def compare(reference_dir: Path, run_dir: Path, spread: dict[str, float] | None 
 
 
 def run(study: Study, task: str, cell: str, seed: int, reference: str, make: bool = False) -> int:
-    wc = dict(study=study.name, task=task, cell=cell, seed=seed)
-    run_files = {name: Path(output_path(stage, key, **wc)) for name, (stage, key) in FILES.items()}
+    path_fields = dict(study=study.name, task=task, cell=cell, seed=seed)
+    run_files = {name: Path(output_path(stage, key, **path_fields)) for name, (stage, key) in FILES.items()}
     missing = [str(p) for p in run_files.values() if not p.exists()]
     if missing:
         raise StageError(f"check-reference: {missing[0]} is missing: run the train and evaluate stages of "
@@ -184,7 +184,7 @@ def run(study: Study, task: str, cell: str, seed: int, reference: str, make: boo
         return 0
     if not (ref_dir / "eval_metrics.json").exists():
         raise StageError(f"check-reference: no reference run in {ref_dir} (make one with --make)")
-    run_dir = Path(output_path("train", "metrics", **wc)).parent
+    run_dir = Path(output_path("train", "metrics", **path_fields)).parent
     staged = run_dir / ".check"  # the four files side by side, as in the reference directory
     staged.mkdir(exist_ok=True)
     for name, path in run_files.items():

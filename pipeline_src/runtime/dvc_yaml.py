@@ -92,11 +92,11 @@ def _stage_body(study: Study, job: Job, templated: bool) -> dict:
     def sub(text: str) -> str:
         if not templated:
             return text
-        wc = job.wildcards
+        path_fields = job.wildcards
         out = text
         # Substitute in path-component and argument positions only, longest values first.
-        for k in sorted(keys, key=lambda k: -len(str(wc[k]))):
-            v = str(wc[k])
+        for k in sorted(keys, key=lambda k: -len(str(path_fields[k]))):
+            v = str(path_fields[k])
             out = _replace_value(out, k, v)
         return out
 

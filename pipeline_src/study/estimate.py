@@ -326,7 +326,7 @@ def predict_parts(study: Study, layout=None) -> dict:
         return {"parts": {}, "study_s": None, "basis": None,
                 "text": "  (no measured training-step record: bench/bench_real_cell.py makes one)"}
     share = 1.0 if k == 1 else SHARING_EFFICIENCY
-    parts, flops_rate, gpu_flops = {}, [], None
+    parts, flops_rate = {}, []
     at_once = {}  # task -> jobs that could run at once while its own runs were measured
     for part in layout.parts:
         jobs = []

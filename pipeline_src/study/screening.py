@@ -72,10 +72,10 @@ def write_not_promoted_train(study, task: str, cell: str, seed: int) -> None:
 
 def write_not_promoted_eval(study, task: str, cell: str, seed: int) -> bool:
     """When the checkpoint is a 'not promoted' record, pass it on as the evaluation's outputs."""
-    wc = dict(study=study.name, task=task, cell=cell, seed=seed)
-    marker = Path(output_path("train", "ckpt", **wc)) / NOT_PROMOTED
+    path_fields = dict(study=study.name, task=task, cell=cell, seed=seed)
+    marker = Path(output_path("train", "ckpt", **path_fields)) / NOT_PROMOTED
     if not marker.is_file():
         return False
-    write_records("evaluate", json.loads(marker.read_text()), NOT_PROMOTED, **wc)
+    write_records("evaluate", json.loads(marker.read_text()), NOT_PROMOTED, **path_fields)
     print(f"[evaluate] {task}/{cell}/seed{seed}: not promoted, nothing evaluated", flush=True)
     return True

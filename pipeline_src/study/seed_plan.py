@@ -80,11 +80,11 @@ def write_not_needed_train(study, task: str, cell: str, seed: int) -> None:
 
 def write_not_needed_eval(study, task: str, cell: str, seed: int) -> bool:
     """When the checkpoint is a 'not needed' record, pass it on as the evaluation's outputs."""
-    wc = dict(study=study.name, task=task, cell=cell, seed=seed)
-    marker = Path(output_path("train", "ckpt", **wc)) / NOT_NEEDED
+    path_fields = dict(study=study.name, task=task, cell=cell, seed=seed)
+    marker = Path(output_path("train", "ckpt", **path_fields)) / NOT_NEEDED
     if not marker.is_file():
         return False
-    write_records("evaluate", json.loads(marker.read_text()), NOT_NEEDED, **wc)
+    write_records("evaluate", json.loads(marker.read_text()), NOT_NEEDED, **path_fields)
     print(f"[evaluate] {task}/{cell}/seed{seed}: not needed by the seed plan, nothing evaluated", flush=True)
     return True
 

@@ -77,12 +77,12 @@ class Job:
 
 def _job(study: Study, stage: str, key: str, wildcards: dict, deps, params, args: dict,
          extra_hash=None, group: str = "") -> Job:
-    wc = dict(study=study.name, **wildcards)
-    outs = {name: tmpl.format(**wc) for name, tmpl in OUTPUTS[stage].items()}
+    path_fields = dict(study=study.name, **wildcards)
+    outs = {name: tmpl.format(**path_fields) for name, tmpl in OUTPUTS[stage].items()}
     param_hash = study.section_hash(*params)
     if extra_hash is not None:  # settings resolved from more than the listed sections (data variants)
         param_hash = hashlib.sha256((param_hash + repr(extra_hash)).encode()).hexdigest()[:16]
-    return Job(stage=stage, key=key, wildcards=wc, cmd=stage_command(stage, study, **args),
+    return Job(stage=stage, key=key, wildcards=path_fields, cmd=stage_command(stage, study, **args),
                deps=tuple(deps) + tuple(CODE[stage]), outs=outs, params=tuple(params),
                gpu=stage in GPU_STAGES, param_hash=param_hash, group=group)
 
@@ -174,14 +174,14 @@ def data_jobs(study: Study) -> list[Job]:
         raw = output_path("download", "raw", study=s, dataset=task.dataset)
         fvs, pairs = study.data_variants(task.name)
         for fv in fvs:
-            wc = {"task": task.name, "fv": fv}
-            jobs.append(_job(study, "filter", f"{task.name}-{fv}", dict(wc, dataset=task.dataset), [raw],
+            path_fields = {"task": task.name, "fv": fv}
+            jobs.append(_job(study, "filter", f"{task.name}-{fv}", dict(path_fields, dataset=task.dataset), [raw],
                              _task_keys(study, task, "filter"), {"task": task.name, "fv": fv},
                              extra_hash=study.filter_config(task.name, fv), group=_group(task)))
         for fv, tv in pairs:
-            wc = {"task": task.name, "fv": fv, "tv": tv}
+            path_fields = {"task": task.name, "fv": fv, "tv": tv}
             filtered = output_path("filter", "filtered", study=s, task=task.name, fv=fv)
-            jobs.append(_job(study, "bpe", f"{task.name}-{fv}-{tv}", wc, [filtered],
+            jobs.append(_job(study, "bpe", f"{task.name}-{fv}-{tv}", path_fields, [filtered],
                              _task_keys(study, task, "bpe"), {"task": task.name, "fv": fv, "tv": tv},
                              extra_hash=study.bpe_config(task.name, fv, tv), group=_group(task)))
     return jobs
@@ -203,8 +203,8 @@ def tune_jobs(study: Study) -> list[Job]:
         for cell in study.own_cells(task.name):
             if _tuned(study, task.name, cell):
                 fv, tv = study.data_variant(task.name, cell)
-                wc = {"task": task.name, "cell": cell, "fv": fv, "tv": tv}
-                jobs.append(_job(study, "tune", f"{task.name}-{cell}", wc, [data_paths(study, task.name, cell)[1]],
+                path_fields = {"task": task.name, "cell": cell, "fv": fv, "tv": tv}
+                jobs.append(_job(study, "tune", f"{task.name}-{cell}", path_fields, [data_paths(study, task.name, cell)[1]],
                                  _train_params(study, task, cell), {"task": task.name, "cell": cell},
                                  group=_group(task)))
     return jobs
@@ -231,7 +231,7 @@ def run_jobs(study: Study) -> tuple[list[Job], list[Job]]:
             bpe = data_paths(study, task.name, cell)[1]
             tuned = [tune_path(study, task.name, cell)] if _tuned(study, task.name, cell) else []
             for seed in study.seeds:
-                wc = {"task": task.name, "cell": cell, "seed": seed, "fv": fv, "tv": tv}
+                path_fields = {"task": task.name, "cell": cell, "seed": seed, "fv": fv, "tv": tv}
                 key = f"{task.name}-{cell}-s{seed}"
                 args = {"task": task.name, "cell": cell, "seed": seed}
                 # Stage two of a screening: a cell trains only if stage one promoted its family
@@ -240,11 +240,11 @@ def run_jobs(study: Study) -> tuple[list[Job], list[Job]]:
                 gate = [promotion_path(study, task.screen)] if _group(task, cell).endswith("-gated") else []
                 extra = [seed_plan_path(study)] if seed not in study.first_seeds else []
                 group = "-".join(filter(None, (_group(task, cell), "tuned" if tuned else "", "extra" if extra else "")))
-                train_jobs.append(_job(study, "train", key, wc, [bpe] + tuned + gate + extra,
+                train_jobs.append(_job(study, "train", key, path_fields, [bpe] + tuned + gate + extra,
                                        _train_params(study, task, cell), args, group=group))
-                ckpt = output_path("train", "ckpt", study=study.name, **wc)
+                ckpt = output_path("train", "ckpt", study=study.name, **path_fields)
                 eval_params = _task_keys(study, task, "eval") + _existing(study, study.cell_key(cell))
-                eval_jobs.append(_job(study, "evaluate", key, wc, [bpe, ckpt], eval_params, args,
+                eval_jobs.append(_job(study, "evaluate", key, path_fields, [bpe, ckpt], eval_params, args,
                                       group=_group(task)))
     return train_jobs, eval_jobs
 
@@ -253,7 +253,7 @@ def report_jobs(study: Study, jobs: list[Job], train_jobs: list[Job], eval_jobs:
                 promote_jobs: list[Job]) -> list[Job]:
     """aggregate, figures, tables, claims, report. Their per-task parts cover the study's own
     tasks; screening stages feed only the screening tables."""
-    s, wc = study.name, {}
+    s, path_fields = study.name, {}
     main_tasks = set(study.tasks)
     train_jobs = [j for j in train_jobs if j.wildcards["task"] in main_tasks]
     eval_jobs = [j for j in eval_jobs if j.wildcards["task"] in main_tasks]
@@ -262,13 +262,13 @@ def report_jobs(study: Study, jobs: list[Job], train_jobs: list[Job], eval_jobs:
     eval_files = [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")]
     logs = [j.out("log") for j in train_jobs]
     plan = [seed_plan_path(study)] if study.adaptive_seeds else []
-    agg = _job(study, "aggregate", s, wc, filtered_all + run_files + eval_files + logs + plan,
+    agg = _job(study, "aggregate", s, path_fields, filtered_all + run_files + eval_files + logs + plan,
                _existing(study, "tasks", "cells", "sweeps", "seeds"), {})
     # The attention heat map reads one checkpoint: the first cell and seed of the chosen task.
     attention_task = study.report.get("attention_sample_task") or next(iter(study.tasks))
     first = next(j for j in train_jobs if j.wildcards["task"] == attention_task)
     # (filtered sets: the learning-curve figure counts each data-size cell's training rows)
-    figs = _job(study, "figures", s, wc, list(agg.outs.values()) + logs + filtered_all + [first.out("ckpt")]
+    figs = _job(study, "figures", s, path_fields, list(agg.outs.values()) + logs + filtered_all + [first.out("ckpt")]
                 + [output_path("bpe", "bpe", **first.wildcards)], _existing(study, "report"), {})
     # (a stage-two cell the screened task trains itself is read from that task's runs)
     screen_runs = [dict(study=s, task=study.run_task(t, c), cell=c, seed=seed)
@@ -278,14 +278,14 @@ def report_jobs(study: Study, jobs: list[Job], train_jobs: list[Job], eval_jobs:
         for stage, name in (("evaluate", "outputs"), ("evaluate", "metrics"), ("train", "metrics"))]
     # (the data tables describe each task's data as its baseline cell sees it)
     base_data = [p for t in study.tasks for p in data_paths(study, t)]
-    tabs = _job(study, "tables", s, wc, list(agg.outs.values()) + base_data + screening,
+    tabs = _job(study, "tables", s, path_fields, list(agg.outs.values()) + base_data + screening,
                 _existing(study, "tasks", "cells", "sweeps", "datasets", "screening"), {})
     # Claims and references: evidence from the aggregate tables and the per-example test outputs.
     # (a tuned cell's trials: a failure counts as a claim's effect only if it failed at every lr)
     tuned = [tune_path(study, t, c) for t in study.tasks for c in study.task(t).cells if _tuned(study, t, c)]
-    claims = _job(study, "claims", s, wc, list(agg.outs.values()) + eval_files + tuned,
+    claims = _job(study, "claims", s, path_fields, list(agg.outs.values()) + eval_files + tuned,
                   _existing(study, "claims", "references", *[f"tasks.{t}.baseline_cell" for t in study.tasks]), {})
-    report = _job(study, "report", s, wc, [figs.out("figures"), tabs.out("tables")] + list(agg.outs.values())
+    report = _job(study, "report", s, path_fields, [figs.out("figures"), tabs.out("tables")] + list(agg.outs.values())
                   + list(claims.outs.values()) + [j.out(n) for j in eval_jobs for n in ("outputs", "metrics", "info")],
                   _existing(study, "report", "study"), {})
     return [agg, figs, tabs, claims, report]
@@ -310,13 +310,13 @@ class JobIndex:
                       for job in build_jobs(study)}
 
     def __call__(self, stage: str, wildcards) -> Job:
-        wc = dict(wildcards)
-        job = self._jobs.get((stage, _key(wc, _output_wildcards(stage))))
+        path_fields = dict(wildcards)
+        job = self._jobs.get((stage, _key(path_fields, _output_wildcards(stage))))
         if job is None:  # a rule's wildcards may be a subset of the job's (filter also knows its dataset)
             job = next((j for (s, _), j in self._jobs.items() if s == stage
-                        and all(str(j.wildcards.get(k)) == str(v) for k, v in wc.items())), None)
+                        and all(str(j.wildcards.get(k)) == str(v) for k, v in path_fields.items())), None)
         if job is None:
-            raise KeyError(f"no {stage} job for {wc} in study {self.study.name}")
+            raise KeyError(f"no {stage} job for {path_fields} in study {self.study.name}")
         return job
 
 

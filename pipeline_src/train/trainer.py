@@ -65,13 +65,13 @@ class Trainer:
         self.cell = cell = cell or tuned(study, task, cell_name)
         self.t = t = cell.train
         self.name = f"{task}/{cell_name}/seed{seed}" + (f" (trial, lr {t.lr:g})" if out_dir else "")
-        wc = dict(study=study.name, task=task, cell=cell_name, seed=seed)
+        path_fields = dict(study=study.name, task=task, cell=cell_name, seed=seed)
         names = ("ckpt", "metrics", "info", "log", "cost")
         if out_dir is None:
-            self.out = {name: Path(output_path("train", name, **wc)) for name in names}
-            self.scratch = Path(SCRATCH.format(**wc))
+            self.out = {name: Path(output_path("train", name, **path_fields)) for name in names}
+            self.scratch = Path(SCRATCH.format(**path_fields))
         else:
-            self.out = {name: out_dir / Path(output_path("train", name, **wc)).name for name in names}
+            self.out = {name: out_dir / Path(output_path("train", name, **path_fields)).name for name in names}
             self.scratch = out_dir / "scratch"
         bpe_dir = Path(data_paths(study, task, cell_name)[1])  # the cell's data variant
 
