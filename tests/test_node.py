@@ -26,7 +26,7 @@ def test_script_parses(script):
 def test_node_refuses_an_unknown_job_before_installing_anything(tmp_path):
     bundle = tmp_path / "bundle"
     bundle.mkdir()
-    (bundle / "node.sh").write_text((ROOT / "bench" / "node" / "node.sh").read_text())
+    (bundle / "node.sh").write_text((ROOT / "workflow" / "node" / "node.sh").read_text())
     for args in (["everything"], ["bench", "z"], ["study"]):
         proc = subprocess.run(["bash", str(bundle / "node.sh"), *args], capture_output=True, text=True,
                               env={"PATH": "/usr/bin:/bin"})
@@ -121,7 +121,7 @@ def _results_tarball(path: Path, name: str, files: dict[str, str]) -> Path:
 
 def _unpack(tmp_path, *tarballs):
     env = {"PATH": _bin_path(), "RESULTS_DIR": str(tmp_path / "results")}
-    return subprocess.run(["bash", str(ROOT / "bench" / "node" / "unpack.sh"), *map(str, tarballs)],
+    return subprocess.run(["bash", str(ROOT / "workflow" / "node" / "unpack.sh"), *map(str, tarballs)],
                           capture_output=True, text=True, env=env)
 
 
