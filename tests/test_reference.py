@@ -170,3 +170,41 @@ def test_a_perplexity_scored_with_another_stride_is_named(tmp_path):
     assert not passed and any(line.strip() == "FAIL lm_stride: 128 -> 64 (-64, -50.000 %; tolerance exact)"
                               for line in lines), lines
     assert not any("lm_window" in line or "lm_mean_context" in line for line in lines), lines
+
+
+def _results_with_lr(directory, lr):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "results.csv").write_text(f"task,cell,seed,lr\nreorder,baseline,0,{lr}\nreorder,baseline,1,{lr}\n")
+    return directory
+
+
+def test_a_check_run_at_another_lr_than_the_reference_study_is_refused(tmp_path):
+    """A study that chose its lr on a grid and a check run made from a shortened copy of it must
+    train at one lr: the check names the key to set and the value."""
+    from pipeline_src.common import StageError
+    from pipeline_src.study.config import load_study
+    from test_train import _write_params
+    study = load_study(tmp_path / _write_params(tmp_path, lr=2.0e-3))
+    reference.check_lr_matches(study, _results_with_lr(tmp_path / "same", 0.002), "reorder", "baseline")
+    reference.check_lr_matches(study, tmp_path / "no_results", "reorder", "baseline")
+    with pytest.raises(StageError, match=r"set tasks\.reorder\.train\.lr to 0\.003"):
+        reference.check_lr_matches(study, _results_with_lr(tmp_path / "other", 0.003), "reorder", "baseline")
+
+
+# The committed studies whose check run CI re-makes (.ci/run), with the params file it is made from.
+SHIPPED_CHECKS = {"reports/reference/cpu": "workflow/studies/cpu/params.yaml",
+                  "reports/reference/cnndm": "workflow/studies/cnndm/check.yaml"}
+
+
+@pytest.mark.parametrize("ref", sorted(SHIPPED_CHECKS))
+def test_each_shipped_check_run_trains_at_its_study_s_lr(ref):
+    from pathlib import Path
+
+    from pipeline_src.study.config import load_study
+    root = Path(__file__).resolve().parents[1]
+    study = load_study(root / SHIPPED_CHECKS[ref])
+    runs = sorted((root / ref / "check").glob("*/*/seed*"))
+    assert runs, f"{ref} has no check run"
+    for run in runs:
+        task, cell = run.parts[-3], run.parts[-2]
+        reference.check_lr_matches(study, root / ref, task, cell)

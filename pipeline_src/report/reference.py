@@ -168,7 +168,31 @@ def compare(reference_dir: Path, run_dir: Path, spread: dict[str, float] | None 
     return passed, lines
 
 
+def check_lr_matches(study: Study, reference: Path, task: str, cell: str) -> None:
+    """A check run made from its own params file (e.g. a shortened copy of the study) must train
+    at the peak lr the reference study trained that cell at: the study may have chosen it on an
+    lr grid, and a check at another lr compares two different experiments. A reference whose
+    results.csv has no `lr` column (made before it was recorded) is not checked."""
+    results = reference / "results.csv"
+    if not results.exists():
+        return
+    with open(results, newline="") as f:
+        chosen = {row["lr"] for row in csv.DictReader(f)
+                  if row.get("task") == task and row.get("cell") == cell and row.get("lr") not in (None, "")}
+    train = study.cell(task, cell).train
+    if not chosen or train.lr_grid:  # nothing recorded, or the check run chooses its lr itself
+        return
+    if len(chosen) > 1:
+        raise StageError(f"check-reference: {results} lists several lrs for {task}/{cell} ({sorted(chosen)}); "
+                         f"a check run needs one")
+    want = float(chosen.pop())
+    if not math.isclose(train.lr, want, rel_tol=1e-9):
+        raise StageError(f"check-reference: {study.path} trains {task}/{cell} at lr {train.lr:g}, but the reference "
+                         f"study trained it at {want:g} ({results}): set tasks.{task}.train.lr to {want:g}")
+
+
 def run(study: Study, task: str, cell: str, seed: int, reference: str, make: bool = False) -> int:
+    check_lr_matches(study, Path(reference), task, cell)
     path_fields = dict(study=study.name, task=task, cell=cell, seed=seed)
     run_files = {name: Path(output_path(stage, key, **path_fields)) for name, (stage, key) in FILES.items()}
     missing = [str(p) for p in run_files.values() if not p.exists()]
