@@ -326,10 +326,10 @@ def predict_parts(study: Study, layout=None) -> dict:
         return {"parts": {}, "study_s": None, "basis": None,
                 "text": "  (no measured training-step record: bench/bench_real_cell.py makes one)"}
     share = 1.0 if k == 1 else SHARING_EFFICIENCY
-    parts, flops_rate = {}, []
+    parts, flops_rate, trial_jobs = {}, [], 0
     at_once = {}  # task -> jobs that could run at once while its own runs were measured
     for part in layout.parts:
-        jobs = []
+        jobs, tunes = [], {}
         slots = k
         for task, cell_name, _seed in part.runs:
             cell = study.cell(task, cell_name)
@@ -347,8 +347,12 @@ def predict_parts(study: Study, layout=None) -> dict:
                 eval_s = JOB_START_S + EVAL_WORK_S
             steps = cell.train.max_steps
             jobs.append((JOB_START_S + steps * step_s, eval_s))
+            if cell.train.lr_grid:  # the cell's lr trials, one job before its runs (no evaluation job)
+                trial_steps = len(cell.train.lr_grid) * (cell.train.lr_tune_steps or steps)
+                tunes[(task, cell_name)] = (JOB_START_S + trial_steps * step_s, 0.0)
             flops_rate.append(job_compute(study, task, cell_name)[1] / steps / step_s)
-        parts[part.name] = PART_START_S + _data_seconds() + _makespan(jobs, slots) + PACK_S
+        parts[part.name] = PART_START_S + _data_seconds() + _makespan([*tunes.values(), *jobs], slots) + PACK_S
+        trial_jobs += len(tunes)
     total = sum(parts.values())
     peak = None
     for path in BENCH_FILES:
@@ -374,6 +378,8 @@ def predict_parts(study: Study, layout=None) -> dict:
              + ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in parts.items())
              + f" (each part stops at {layout.limit_s / 60:g} min)",
              f"    {basis}"]
+    if trial_jobs:
+        lines.append(f"    includes {trial_jobs} lr-grid trial jobs (each cell's grid x lr_tune_steps, before its runs)")
     if peak and mean_rate:
         lines.append(f"    while {together} jobs share it: ~{mean_rate / 1e12:.0f} TFLOP/s of training, "
                      f"{100 * mean_rate / peak:.0f} % MFU (measured peak {peak / 1e12:.0f} TFLOP/s)")
