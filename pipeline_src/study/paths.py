@@ -14,10 +14,11 @@ from .config import Study
 # verbatim (with wildcards); DVC stages and jobs use them formatted.
 OUTPUTS: dict[str, dict[str, str]] = {
     "download": {"raw": "data/{study}/raw/{dataset}"},
-    # {fv}/{tv}: the data variant (config.Study.data_variant): cells that override `filter` or
-    # `bpe` get their own filtered set / tokenizer; cells with equal settings share them.
-    "filter": {"filtered": "data/{study}/filtered/{task}/{fv}"},
-    "bpe": {"bpe": "data/{study}/bpe/{task}/{fv}/{tv}"},
+    # {filter_variant}/{bpe_variant}: the data variant (config.Study.data_variant): cells that
+    # override `filter` or `bpe` get their own filtered set / tokenizer; cells with equal settings
+    # share them.
+    "filter": {"filtered": "data/{study}/filtered/{task}/{filter_variant}"},
+    "bpe": {"bpe": "data/{study}/bpe/{task}/{filter_variant}/{bpe_variant}"},
     # A cell's peak lr chosen on validation before its runs (cells with train.lr_grid; train/tune.py).
     "tune": {"tune": "data/{study}/tune/{task}/{cell}"},
     "train": {
@@ -102,17 +103,18 @@ def write_records(stage: str, rec: dict, marker: str, **wildcards) -> None:
 def data_paths(study: Study, task: str, cell: str | None = None) -> tuple[str, str]:
     """(filtered dir, bpe dir) a cell trains and evaluates on; without a cell, the task's
     baseline cell's (the data the report describes as the task's)."""
-    fv, tv = study.data_variant(task, cell or study.task(task).baseline_cell)
+    filter_variant, bpe_variant = study.data_variant(task, cell or study.task(task).baseline_cell)
     owner = study.data_task(task)  # stage two of a screening reads the screened task's data
-    return (output_path("filter", "filtered", study=study.name, task=owner, fv=fv),
-            output_path("bpe", "bpe", study=study.name, task=owner, fv=fv, tv=tv))
+    return (output_path("filter", "filtered", study=study.name, task=owner, filter_variant=filter_variant),
+            output_path("bpe", "bpe", study=study.name, task=owner, filter_variant=filter_variant,
+                        bpe_variant=bpe_variant))
 
 
 def stage_command(stage: str, study: Study, **args) -> str:
     """`python -m pipeline_src STAGE --params FILE --ARG VALUE...`: what both drivers run."""
     parts = ["python", "-m", "pipeline_src", stage, "--params", study.path]
     for k, v in args.items():
-        parts += [f"--{k}", str(v)]
+        parts += [f"--{k.replace('_', '-')}", str(v)]
     return shlex.join(parts)
 
 
