@@ -51,9 +51,11 @@ def _parser() -> argparse.ArgumentParser:
                       "differ between experiments (pipeline_src/report/exp_show.py); other options go to dvc exp show")
     sp = stage("dvc-yaml", "write the dvc.yaml for a study from the stage table")
     sp.add_argument("--check", action="store_true", help="exit 1 if the file on disk is out of date")
-    sp = stage("parts", "a study in parts for short GPU job slots: plan, targets, pack, build "
+    sp = stage("parts", "a study in parts for short GPU job slots: predict, targets, pack, build "
                         "(pipeline_src/node/parts.py)")
-    sp.add_argument("action", choices=["plan", "layout", "targets", "pack", "build"])
+    # `plan`: the former name of `predict`, still accepted
+    sp.add_argument("action", choices=["predict", "layout", "targets", "pack", "build", "plan"],
+                    metavar="{predict,layout,targets,pack,build}")
     sp.add_argument("archives", nargs="*", help="build: the parts' archives, or the folder that holds them (right after build)")
     sp.add_argument("--part", help="targets, pack: the part's name (parts.yaml)")
     sp.add_argument("--out", help="pack: the folder the archive goes to")
