@@ -20,7 +20,8 @@ jobs of seeds >= min depend on the plan, and a job the plan did not ask for writ
 
 data/<study>/plan/seeds.json   the first round's comparisons, the decision for each, and the
                                cells given the extra seeds (written by report/plan.py).
-This module reads the plan (which seeds a cell has runs for; the jobs it did not ask for).
+This module reads the seed plan that the `plan` stage writes: which seeds a cell has runs for,
+and the jobs the plan did not ask for.
 """
 from __future__ import annotations
 
