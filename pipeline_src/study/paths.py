@@ -100,6 +100,25 @@ def write_records(stage: str, rec: dict, marker: str, **wildcards) -> None:
             atomic_write_json(path, rec)
 
 
+def write_skipped_train(study: Study, task: str, cell: str, seed: int, marker: str, rec: dict, why: str) -> None:
+    """A training job that does not run (`why`: e.g. "not promoted"): its declared outputs,
+    holding `rec` instead of a model (write_records)."""
+    write_records("train", rec, marker, study=study.name, task=task, cell=cell, seed=seed)
+    print(f"[train] {task}/{cell}/seed{seed}: {why}, nothing trained", flush=True)
+
+
+def write_skipped_eval(study: Study, task: str, cell: str, seed: int, marker: str, why: str) -> bool:
+    """When the checkpoint is a `marker` record (write_skipped_train), pass it on as the
+    evaluation's outputs and return True; else False."""
+    path_fields = {"study": study.name, "task": task, "cell": cell, "seed": seed}
+    record = Path(output_path("train", "ckpt", **path_fields)) / marker
+    if not record.is_file():
+        return False
+    write_records("evaluate", json.loads(record.read_text()), marker, **path_fields)
+    print(f"[evaluate] {task}/{cell}/seed{seed}: {why}, nothing evaluated", flush=True)
+    return True
+
+
 def data_paths(study: Study, task: str, cell: str | None = None) -> tuple[str, str]:
     """(filtered dir, bpe dir) a cell trains and evaluates on; without a cell, the task's
     baseline cell's (the data the report describes as the task's)."""
