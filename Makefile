@@ -13,7 +13,7 @@ GPU_STUDY := workflow/studies/gpu/params.yaml
 CPU_STUDY := workflow/studies/cpu/params.yaml
 CNNDM_STUDY := workflow/studies/cnndm/params.yaml
 
-.PHONY: install system-deps demo mirror cpu-study cnndm-study gpu-plan gpu-report full slurm cluster-test test test-avx2 bench bundle dvc-yaml exp-show lint clean
+.PHONY: install system-deps demo mirror cpu-study cnndm-study gpu-predict gpu-plan gpu-report full slurm cluster-test test test-avx2 bench bundle dvc-yaml exp-show lint clean
 
 # PIP_FLAGS: more pip install options (CI: --no-compile, .ci/run).
 PIP_FLAGS ?=
@@ -62,8 +62,9 @@ cnndm-study: install
 # The GPU study in parts for short GPU job slots (docs/gpu-nodes.md): its parts
 # and predicted minutes; then, from the archives its parts brought back (ARCHIVES: a folder or files),
 # its report on this machine, and with REFERENCE=reports/reference/h100 the reference copy too.
-gpu-plan: install
-	python -m pipeline_src parts plan --params $(GPU_STUDY)
+gpu-predict: install
+	python -m pipeline_src parts predict --params $(GPU_STUDY)
+gpu-plan: gpu-predict   # the former name of gpu-predict
 
 ARCHIVES ?= archives
 gpu-report: install

@@ -96,7 +96,7 @@ def main() -> None:
     study = load_study(args.params)
     cell = study.cell(TASK, CELL)
     ev, dims = cell.eval, dict(cell.model)
-    vocab = study.bpe_config(TASK, cell.fv, cell.tv).vocab_size
+    vocab = study.bpe_config(TASK, cell.filter_variant, cell.bpe_variant).vocab_size
     max_src_len = cell.train.max_src_len
     n = args.articles or ev.max_examples or 2000
     if args.quick:

@@ -20,18 +20,19 @@ def _parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help)
         sp.add_argument("--params", default="params.yaml", help="the study's params file")
         for k in keys:
-            if k in ("fv", "tv"):  # the data variant; default: the task's own filter / tokenizer
-                sp.add_argument(f"--{k}", default="default" if k == "fv" else None,
-                                help="data variant (the stage table names it; default: the task's own)")
+            if k in ("filter_variant", "bpe_variant"):  # the data variant; default: the task's own filter / tokenizer
+                what = "filter variant" if k == "filter_variant" else "tokenizer variant"
+                sp.add_argument(f"--{k.replace('_', '-')}", default="default" if k == "filter_variant" else None,
+                                help=f"the data's {what} (the stage table names it; default: the task's own)")
                 continue
             sp.add_argument(f"--{k}", required=True, type=int if k == "seed" else str)
         return sp
 
     stage("validate", "validate the params file and print a summary of the study")
     stage("download", "load a dataset from the Hub or the offline mirror (or generate demo data)", "dataset")
-    stage("filter", "apply a task's length/ratio/dedup/sampling filters (one filter variant)", "task", "fv")
+    stage("filter", "apply a task's length/ratio/dedup/sampling filters (one filter variant)", "task", "filter_variant")
     stage("bpe", "train a task's SentencePiece tokenizer (one data variant) and encode its splits",
-          "task", "fv", "tv")
+          "task", "filter_variant", "bpe_variant")
     stage("tune", "choose a cell's peak lr on validation from its train.lr_grid (short trial runs)", "task", "cell")
     stage("train", "train one task x cell x seed", "task", "cell", "seed")
     stage("evaluate", "evaluate one trained task x cell x seed", "task", "cell", "seed")
@@ -50,9 +51,11 @@ def _parser() -> argparse.ArgumentParser:
                       "differ between experiments (pipeline_src/report/exp_show.py); other options go to dvc exp show")
     sp = stage("dvc-yaml", "write the dvc.yaml for a study from the stage table")
     sp.add_argument("--check", action="store_true", help="exit 1 if the file on disk is out of date")
-    sp = stage("parts", "a study in parts for short GPU job slots: plan, targets, pack, build "
+    sp = stage("parts", "a study in parts for short GPU job slots: predict, targets, pack, build "
                         "(pipeline_src/node/parts.py)")
-    sp.add_argument("action", choices=["plan", "layout", "targets", "pack", "build"])
+    # `plan`: the former name of `predict`, still accepted
+    sp.add_argument("action", choices=["predict", "layout", "targets", "pack", "build", "plan"],
+                    metavar="{predict,layout,targets,pack,build}")
     sp.add_argument("archives", nargs="*", help="build: the parts' archives, or the folder that holds them (right after build)")
     sp.add_argument("--part", help="targets, pack: the part's name (parts.yaml)")
     sp.add_argument("--out", help="pack: the folder the archive goes to")
@@ -139,10 +142,10 @@ def _run(args, study) -> int | None:
         return run(study, args.dataset)
     if stage == "filter":
         from .data.filter import run
-        return run(study, args.task, args.fv)
+        return run(study, args.task, args.filter_variant)
     if stage == "bpe":
         from .data.bpe import run
-        return run(study, args.task, args.fv, args.tv)
+        return run(study, args.task, args.filter_variant, args.bpe_variant)
     if stage == "tune":
         from .train.tune import run
         return run(study, args.task, args.cell)

@@ -133,7 +133,7 @@ def test_snakemake_and_dvc_run_the_same_jobs(params, monkeypatch):
     assert sum(j["rule"] == "train" for j in smk.values()) == n_train
     # Data variants fork the DAG: one filter job per filter variant, one bpe job per tokenizer.
     n_variants = [study.data_variants(t) for t in study.all_tasks]
-    assert sum(j["rule"] == "filter" for j in smk.values()) == sum(len(fvs) for fvs, _ in n_variants)
+    assert sum(j["rule"] == "filter" for j in smk.values()) == sum(len(filter_variants) for filter_variants, _ in n_variants)
     assert sum(j["rule"] == "bpe" for j in smk.values()) == sum(len(pairs) for _, pairs in n_variants)
     assert sum(j["rule"] == "promote" for j in smk.values()) == len(study.screens)
 

@@ -70,7 +70,7 @@ def test_equal_data_settings_share_one_variant_and_forks_start_where_a_cell_chan
         "data/tiny/bpe/reorder/sample_fraction-0p5/bpe60"
     bpe_job = next(j for j in jobs if j.key == "reorder-sample_fraction-0p5-char")
     assert bpe_job.deps[0] == "data/tiny/filtered/reorder/sample_fraction-0p5"
-    assert "--fv sample_fraction-0p5 --tv char" in bpe_job.cmd
+    assert "--filter-variant sample_fraction-0p5 --bpe-variant char" in bpe_job.cmd
     assert study.bpe_config("reorder", "default", "char").model_type == "char"
     assert study.filter_config("reorder", "sample_fraction-0p5").sample_fraction == 0.5
     # The generated dvc.yaml keeps one foreach stage per stage despite the forks.

@@ -52,6 +52,21 @@ def test_the_study_s_own_runs_predict_at_the_jobs_at_once_they_were_measured_at(
     assert [p["predicted_s"] for p in timing["parts"]] == [186.8, 224.0]
 
 
+def test_parts_predict_prints_the_parts_and_plan_is_its_former_name(capsys):
+    from pipeline_src.__main__ import _parser
+
+    study = load_study(GPU)
+    args = [None, None, [], None, None, None, None, None]  # part, out, archives, reference, started, status, log, gpu_util
+    assert parts.run(study, "predict", *args) == 0
+    predicted = capsys.readouterr()
+    assert predicted.out.startswith("study gpu: 57 runs in 2 parts") and "predicted" in predicted.out
+    assert predicted.err == ""
+    assert _parser().parse_args(["parts", "plan"]).action == "plan"  # still accepted, with a note
+    assert parts.run(study, "plan", *args) == 0
+    again = capsys.readouterr()
+    assert again.out == predicted.out and again.err == "note: `parts plan` is now `parts predict`\n"
+
+
 def test_slots_per_task_come_from_each_part_and_the_fewest_holds(tmp_path):
     from pipeline_src.study.estimate import _slots_per_task
 

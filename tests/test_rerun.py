@@ -107,7 +107,7 @@ def test_snakemake_reruns_only_the_edited_tokenizer_fork(repo):
     the cell's training/evaluation and the report steps; the shared filtered set and the other
     cells' tokenizers stay."""
     _edit_data_cell(repo, model_type="unigram")
-    jobs = _planned_jobs(repo, "cell|tv")
+    jobs = _planned_jobs(repo, "cell|bpe_variant")
     assert jobs == {("bpe", "unigram60"), ("train", "tok_char"), ("evaluate", "tok_char")} | \
         {(s, None) for s in REPORT_STEPS}, jobs
     _run([BIN / "snakemake", "--cores", "2", "--config", f"params={PARAMS}"], repo)

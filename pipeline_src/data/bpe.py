@@ -1,4 +1,4 @@
-"""Stage `bpe`: filtered task data -> data/<study>/bpe/<task>/<fv>/<tv>/ (SentencePiece + encoded splits).
+"""Stage `bpe`: filtered task data -> data/<study>/bpe/<task>/<filter_variant>/<bpe_variant>/ (SentencePiece + encoded splits).
 
 * One SentencePiece model per task and data variant (a cell may override `bpe`, e.g. a
   tokenizer ablation: `model_type` bpe | unigram | char | word, `vocab_size`), trained on the filtered train split: src and tgt
@@ -149,19 +149,20 @@ def _select(ids: np.ndarray, offsets: np.ndarray, keep: np.ndarray) -> tuple[np.
 # --------------------------------------------------------------------------- stage
 
 
-def run(study, task: str, fv: str = "default", tv: str | None = None) -> None:
+def run(study, task: str, filter_variant: str = "default", bpe_variant: str | None = None) -> None:
     t_start = time.time()
     if task not in study.all_tasks:
         raise ConfigError(f"{study.path}: tasks.{task}: unknown or disabled task (enabled: {', '.join(study.tasks)})")
     t = study.task(task)
-    if tv is None:  # the task's own tokenizer on the task's own filtered set
-        tv = study.data_variant(task, t.baseline_cell)[1] if fv == "default" else None
-    cfg = study.bpe_config(task, fv, tv)  # the task's bpe section, or a cell's override of it
-    filtered = Path(output_path("filter", "filtered", study=study.name, task=task, fv=fv))
-    out = Path(output_path("bpe", "bpe", study=study.name, task=task, fv=fv, tv=tv))
+    if bpe_variant is None:  # the task's own tokenizer on the task's own filtered set
+        bpe_variant = study.data_variant(task, t.baseline_cell)[1] if filter_variant == "default" else None
+    cfg = study.bpe_config(task, filter_variant, bpe_variant)  # the task's bpe section, or a cell's override of it
+    filtered = Path(output_path("filter", "filtered", study=study.name, task=task, filter_variant=filter_variant))
+    out = Path(output_path("bpe", "bpe", study=study.name, task=task, filter_variant=filter_variant,
+                           bpe_variant=bpe_variant))
     if not (filtered / "stats.json").is_file():
         raise StageError(f"bpe {task}: filtered data not found at {filtered}; run "
-                         f"`python -m pipeline_src filter --params {study.path} --task {task} --fv {fv}` first")
+                         f"`python -m pipeline_src filter --params {study.path} --task {task} --filter-variant {filter_variant}` first")
     quiet_datasets()
     sides = sides_for(t.kind)
     splits = [s for s in SPLITS if (filtered / f"{s}.parquet").is_file()]
@@ -183,7 +184,7 @@ def run(study, task: str, fv: str = "default", tv: str | None = None) -> None:
     import sentencepiece as spm
 
     sp = spm.SentencePieceProcessor(model_proto=model)
-    stats = {"task": task, "variant": f"{fv}/{tv}", "model_type": cfg.model_type, "kind": t.kind,
+    stats = {"task": task, "variant": f"{filter_variant}/{bpe_variant}", "model_type": cfg.model_type, "kind": t.kind,
              "vocab_size": sp.get_piece_size(),
              "special_ids": {"pad": PAD, "unk": UNK, "bos": BOS, "eos": EOS},
              "training": {k: v for k, v in train_stats.items() if k not in ("seconds", "mb_per_s")},

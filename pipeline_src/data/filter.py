@@ -223,15 +223,15 @@ def filter_split(table, *, task: str, dataset: str, kind: str, split: str, origi
     return data.select(out_cols).take(kept), rules.records
 
 
-def run(study, task: str, fv: str = "default") -> None:
+def run(study, task: str, filter_variant: str = "default") -> None:
     t0 = time.time()
     if task not in study.all_tasks:
         raise ConfigError(f"{study.path}: tasks.{task}: unknown or disabled task (enabled: {', '.join(study.tasks)})")
     t = study.task(task)
-    cfg = study.filter_config(task, fv)  # the task's filter, or a cell's override of it
+    cfg = study.filter_config(task, filter_variant)  # the task's filter, or a cell's override of it
     ds = study.datasets[t.dataset]
     raw = Path(output_path("download", "raw", study=study.name, dataset=t.dataset))
-    out = Path(output_path("filter", "filtered", study=study.name, task=task, fv=fv))
+    out = Path(output_path("filter", "filtered", study=study.name, task=task, filter_variant=filter_variant))
     if not (raw / "manifest.json").is_file():
         raise StageError(f"filter {task}: raw data of dataset {t.dataset} not found at {raw}; run "
                          f"`python -m pipeline_src download --params {study.path} --dataset {t.dataset}` first")
@@ -258,7 +258,7 @@ def run(study, task: str, fv: str = "default") -> None:
             records += recs
             rows[split] = kept.num_rows
         atomic_write_json(tmp / "stats.json", {
-            "task": task, "variant": fv, "dataset": t.dataset, "kind": t.kind, "unit": cfg.unit,
+            "task": task, "variant": filter_variant, "dataset": t.dataset, "kind": t.kind, "unit": cfg.unit,
             "splits_to_filter": list(cfg.splits_to_filter), "rules": records, "rows": rows,
             **({"words": words} if t.kind == "lm" else {}),
             "provenance": provenance(study, stage="filter", task=task)})

@@ -2,7 +2,7 @@
 of the study's runs and packs what finished into one small archive; the report is built from the
 archives on any CPU machine, by the pipeline's own report stages.
 
-    python -m pipeline_src parts plan    --params P                 the parts, their runs, predicted minutes
+    python -m pipeline_src parts predict --params P                 the parts, their runs, predicted minutes
     python -m pipeline_src parts targets --params P --part NAME     a part's Snakemake targets, one a line
     python -m pipeline_src parts pack    --params P --part NAME --out DIR [--started UTC] [--status N]
                                          [--log FILE] [--gpu-util FILE] [--cores N]
@@ -666,7 +666,7 @@ def _write_reference_copy(study: Study, layout: Layout, records: list[dict], out
         (out_dir / "missing_runs.txt").unlink(missing_ok=True)  # an earlier, partial build's
 
 
-# --- plan and targets --------------------------------------------------------------------------------
+# --- prediction and targets --------------------------------------------------------------------------
 
 
 def targets(study: Study, part_name: str) -> list[str]:
@@ -675,7 +675,8 @@ def targets(study: Study, part_name: str) -> list[str]:
     return [str(run_files(study, r)["evaluate.info"]) for r in part.runs]
 
 
-def plan(study: Study) -> str:
+def predict(study: Study) -> str:
+    """The parts of the study, their runs and predicted minutes (`parts predict`)."""
     from ..study.estimate import predict_parts
 
     layout = load_layout(study)
@@ -694,8 +695,11 @@ def plan(study: Study) -> str:
 def run(study: Study, action: str, part: str | None, out: str | None, inputs: list[str], reference: str | None,
         started: str | None, status: int | None, log: str | None, gpu_util: str | None,
         cores: int | None = None) -> int:
-    if action == "plan":
-        print(plan(study))
+    if action == "plan":  # the action's former name
+        print("note: `parts plan` is now `parts predict`", file=sys.stderr)
+        action = "predict"
+    if action == "predict":
+        print(predict(study))
         return 0
     if action in ("targets", "pack") and not part:
         raise ConfigError(f"parts {action}: --part NAME is needed")
@@ -716,4 +720,4 @@ def run(study: Study, action: str, part: str | None, out: str | None, inputs: li
         if not inputs:
             raise ConfigError("parts build: name the archives, or the folder that holds them")
         return build(study, inputs, reference)
-    raise ConfigError(f"parts: unknown action {action!r} (plan, layout, targets, pack, build)")
+    raise ConfigError(f"parts: unknown action {action!r} (predict, layout, targets, pack, build)")

@@ -395,7 +395,7 @@ def _data_ablations(study, figs: list[dict], tabs: list[dict], fig_caption: dict
         base = study.cell(task, study.tasks[task].baseline_cell)
         labels = ", ".join(esc(study.cell(task, c).label) for c in cells)
         parts.append(f"On \\emph{{{esc(task)}}}, {labels} use{'s' if len(cells) == 1 else ''} another tokenizer "
-                     f"model than the base ({esc(base.tv)} on data variant {esc(base.fv)}).")
+                     f"model than the base ({esc(base.bpe_variant)} on data variant {esc(base.filter_variant)}).")
     text = " ".join(parts)
     if parts:
         text += (" A tokenizer that cuts text into more, shorter pieces predicts each piece more easily, so "

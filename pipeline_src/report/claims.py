@@ -167,10 +167,12 @@ def _set_aside(study, claim, comp, both: pd.DataFrame) -> tuple[str, str] | None
     if failed:
         return RUN_FAILED, "failed to train: " + "; ".join(failed)
     if comp.metric not in BUDGET_FREE_METRICS and "train_tokens_c" in both:
-        tc = pd.to_numeric(both["train_tokens_c"], errors="coerce").mean()
-        tv = pd.to_numeric(both["train_tokens_v"], errors="coerce").mean()
-        if tc > 0 and tv > 0 and abs(tc - tv) / max(tc, tv) > BUDGET_TOLERANCE:
-            return UNEQUAL_BUDGET, (f"{comp.cell} saw {tc / 1e6:.3g}M target tokens, {comp.versus} {tv / 1e6:.3g}M "
+        tokens_cell = pd.to_numeric(both["train_tokens_c"], errors="coerce").mean()
+        tokens_versus = pd.to_numeric(both["train_tokens_v"], errors="coerce").mean()
+        if (tokens_cell > 0 and tokens_versus > 0
+                and abs(tokens_cell - tokens_versus) / max(tokens_cell, tokens_versus) > BUDGET_TOLERANCE):
+            return UNEQUAL_BUDGET, (f"{comp.cell} saw {tokens_cell / 1e6:.3g}M target tokens, "
+                                    f"{comp.versus} {tokens_versus / 1e6:.3g}M "
                                     "(give both the same train.max_target_tokens, or compare a rate such as "
                                     "s_per_mtok)")
     if len(both) < MIN_RUNS:

@@ -1,6 +1,7 @@
-"""Stage `plan` (adaptive seeds, params `seeds: {min, max}`): the claims judged on the first round
-of runs, and the cells of unsettled comparisons given the seeds up to `max`. The rule and why it
-keeps the error rate: pipeline_src/study/seed_plan.py.
+"""Stage `plan` (adaptive seeds, params `seeds: {min, max}`): writes the seed plan,
+data/<study>/plan/seeds.json: the claims judged on the first round of runs, and the cells of
+unsettled comparisons given the seeds up to `max`. The rule and why it keeps the error rate, and
+the reading of the seed plan by the train and evaluate jobs: pipeline_src/study/seed_plan.py.
 """
 from __future__ import annotations
 

@@ -282,7 +282,8 @@ SEQ2SEQ_ONLY = {"max_src_len", "max_tgt_len", "beam_size", "length_penalty", "ma
 
 def _data_configs(study, cfg) -> tuple:
     """The filter and bpe settings a resolved cell trains on (its data variant)."""
-    return study.filter_config(cfg.task, cfg.fv), study.bpe_config(cfg.task, cfg.fv, cfg.tv)
+    return (study.filter_config(cfg.task, cfg.filter_variant),
+            study.bpe_config(cfg.task, cfg.filter_variant, cfg.bpe_variant))
 
 
 def _value(cfg, key, study=None):

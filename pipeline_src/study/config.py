@@ -218,8 +218,8 @@ class CellConfig:
     eval: EvalConfig
     # The data variant the cell trains on (see Study.data_variant): its filtered set and its
     # tokenizer. Cells with the same effective filter/bpe settings share both.
-    fv: str = BASE_FILTER_VARIANT
-    tv: str = ""
+    filter_variant: str = BASE_FILTER_VARIANT
+    bpe_variant: str = ""
 
     @property
     def leaks_future(self) -> bool:
@@ -303,34 +303,34 @@ class Study:
         return tuple(dict.fromkeys(self.task(task).cells + tuple(extra)))
 
     def data_variant(self, task: str, cell: str) -> tuple[str, str]:
-        """(filter variant, tokenizer variant) of a cell: readable names derived from the cell's
+        """(filter_variant, bpe_variant) of a cell: readable names derived from the cell's
         effective filter/bpe settings, so cells with equal settings share one filtered set and
         one tokenizer, and the DAG forks at the earliest data stage a cell changes."""
         return _data_variant(self, task, cell)[:2]
 
-    def filter_config(self, task: str, fv: str) -> FilterConfig:
+    def filter_config(self, task: str, filter_variant: str) -> FilterConfig:
         task = self.data_task(task)
         for cell in self.data_cells(task):
             v = _data_variant(self, task, cell)
-            if v[0] == fv:
+            if v[0] == filter_variant:
                 return v[2]
-        if fv == BASE_FILTER_VARIANT:
+        if filter_variant == BASE_FILTER_VARIANT:
             return self.task(task).filter
-        raise ConfigError(f"{self.path}: tasks.{task}: no cell uses filter variant {fv!r} "
+        raise ConfigError(f"{self.path}: tasks.{task}: no cell uses filter variant {filter_variant!r} "
                           f"(known: {', '.join(self.data_variants(task)[0])})")
 
-    def bpe_config(self, task: str, fv: str, tv: str) -> BpeConfig:
+    def bpe_config(self, task: str, filter_variant: str, bpe_variant: str) -> BpeConfig:
         task = self.data_task(task)
         for cell in self.data_cells(task):
             v = _data_variant(self, task, cell)
-            if v[:2] == (fv, tv):
+            if v[:2] == (filter_variant, bpe_variant):
                 return v[3]
-        raise ConfigError(f"{self.path}: tasks.{task}: no cell uses data variant {fv}/{tv}")
+        raise ConfigError(f"{self.path}: tasks.{task}: no cell uses data variant {filter_variant}/{bpe_variant}")
 
     def data_variants(self, task: str) -> tuple[list[str], list[tuple[str, str]]]:
         """Filter variants and (filter, tokenizer) variants of a task, in order of first use."""
         pairs = list(dict.fromkeys(self.data_variant(task, c) for c in self.data_cells(task)))
-        return list(dict.fromkeys(fv for fv, _ in pairs)), pairs
+        return list(dict.fromkeys(filter_variant for filter_variant, _ in pairs)), pairs
 
     def section_hash(self, *keys: str) -> str:
         """Stable hash of the params sections a job reads (the Snakemake rerun trigger)."""
@@ -381,14 +381,14 @@ def _data_variant(study: Study, task_name: str, cell_name: str):
         filt["splits_to_filter"] = tuple(filt["splits_to_filter"])
     bpe = _merge(base_b, cell.get("bpe", {}))
     fdiff = {k: v for k, v in filt.items() if v != base_f[k]}
-    fv = BASE_FILTER_VARIANT if not fdiff else _diff_name(fdiff)
+    filter_variant = BASE_FILTER_VARIANT if not fdiff else _diff_name(fdiff)
     bpe_cfg = BpeConfig(**bpe)
     # The tokenizer variant always names the tokenizer (model type and size), plus any other
     # bpe setting the cell changes. It lives under its filter variant's directory.
     named = ("model_type",) if bpe_cfg.model_type == "char" else ("model_type", "vocab_size")
     bdiff = {k: v for k, v in bpe.items() if v != base_b[k] and k not in named}
-    tv = tokenizer_name(bpe_cfg) + ("-" + _diff_name(bdiff) if bdiff else "")
-    return fv, tv, FilterConfig(**filt), bpe_cfg
+    bpe_variant = tokenizer_name(bpe_cfg) + ("-" + _diff_name(bdiff) if bdiff else "")
+    return filter_variant, bpe_variant, FilterConfig(**filt), bpe_cfg
 
 
 def _key(path) -> str:
@@ -494,11 +494,11 @@ def _resolve_cell(study: Study, task_name: str, cell_name: str) -> CellConfig:
     key = (f"{study.path}: {where}: eval.lm_stride" if "lm_stride" in cell.get("eval", {})
            else f"{study.path}: tasks.{task.source or task_name}.eval.lm_stride (cell {cell_name})")
     ev["lm_stride"] = _lm_stride(ev.get("lm_stride"), task.kind, train_cfg.lm_seq_len, key)
-    fv, tv, _, _ = _data_variant(study, task_name, cell_name)
+    filter_variant, bpe_variant, _, _ = _data_variant(study, task_name, cell_name)
     return CellConfig(
         task=task_name, kind=task.kind, cell=cell_name, family=cell["family"],
         label=cell.get("label", cell_name), model=model,
-        train=train_cfg, eval=EvalConfig(**ev), fv=fv, tv=tv)
+        train=train_cfg, eval=EvalConfig(**ev), filter_variant=filter_variant, bpe_variant=bpe_variant)
 
 
 def _lm_stride(stride: int | None, kind: str, window: int, key: str) -> int | None:

@@ -41,7 +41,7 @@ def job_compute(study: Study, task: str, cell_name: str) -> tuple[float, float]:
     """(training tokens, training FLOPs) of one seed of one cell: upper bounds."""
     cell = study.cell(task, cell_name)
     t = cell.train
-    vocab = study.bpe_config(task, cell.fv, cell.tv).vocab_size  # the cell's tokenizer (a cell may override bpe)
+    vocab = study.bpe_config(task, cell.filter_variant, cell.bpe_variant).vocab_size  # the cell's tokenizer (a cell may override bpe)
     mcfg = ModelConfig(vocab_size=vocab, pad_id=PAD, bos_id=BOS, eos_id=EOS, **cell.model)
     if cell.kind == "lm":
         per_step = max(1, t.batch_tokens // t.lm_seq_len) * t.lm_seq_len
@@ -64,7 +64,7 @@ def cell_parameters(study: Study, task: str, cell_name: str) -> int:
     import torch
 
     cell = study.cell(task, cell_name)
-    vocab = study.bpe_config(task, cell.fv, cell.tv).vocab_size
+    vocab = study.bpe_config(task, cell.filter_variant, cell.bpe_variant).vocab_size
     with torch.device("meta"):
         model = Transformer(ModelConfig(vocab_size=vocab, pad_id=PAD, bos_id=BOS, eos_id=EOS, **cell.model))
     return count_parameters(model)

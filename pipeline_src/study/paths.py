@@ -14,10 +14,11 @@ from .config import Study
 # verbatim (with wildcards); DVC stages and jobs use them formatted.
 OUTPUTS: dict[str, dict[str, str]] = {
     "download": {"raw": "data/{study}/raw/{dataset}"},
-    # {fv}/{tv}: the data variant (config.Study.data_variant): cells that override `filter` or
-    # `bpe` get their own filtered set / tokenizer; cells with equal settings share them.
-    "filter": {"filtered": "data/{study}/filtered/{task}/{fv}"},
-    "bpe": {"bpe": "data/{study}/bpe/{task}/{fv}/{tv}"},
+    # {filter_variant}/{bpe_variant}: the data variant (config.Study.data_variant): cells that
+    # override `filter` or `bpe` get their own filtered set / tokenizer; cells with equal settings
+    # share them.
+    "filter": {"filtered": "data/{study}/filtered/{task}/{filter_variant}"},
+    "bpe": {"bpe": "data/{study}/bpe/{task}/{filter_variant}/{bpe_variant}"},
     # A cell's peak lr chosen on validation before its runs (cells with train.lr_grid; train/tune.py).
     "tune": {"tune": "data/{study}/tune/{task}/{cell}"},
     "train": {
@@ -99,20 +100,40 @@ def write_records(stage: str, rec: dict, marker: str, **wildcards) -> None:
             atomic_write_json(path, rec)
 
 
+def write_skipped_train(study: Study, task: str, cell: str, seed: int, marker: str, rec: dict, why: str) -> None:
+    """A training job that does not run (`why`: e.g. "not promoted"): its declared outputs,
+    holding `rec` instead of a model (write_records)."""
+    write_records("train", rec, marker, study=study.name, task=task, cell=cell, seed=seed)
+    print(f"[train] {task}/{cell}/seed{seed}: {why}, nothing trained", flush=True)
+
+
+def write_skipped_eval(study: Study, task: str, cell: str, seed: int, marker: str, why: str) -> bool:
+    """When the checkpoint is a `marker` record (write_skipped_train), pass it on as the
+    evaluation's outputs and return True; else False."""
+    path_fields = {"study": study.name, "task": task, "cell": cell, "seed": seed}
+    record = Path(output_path("train", "ckpt", **path_fields)) / marker
+    if not record.is_file():
+        return False
+    write_records("evaluate", json.loads(record.read_text()), marker, **path_fields)
+    print(f"[evaluate] {task}/{cell}/seed{seed}: {why}, nothing evaluated", flush=True)
+    return True
+
+
 def data_paths(study: Study, task: str, cell: str | None = None) -> tuple[str, str]:
     """(filtered dir, bpe dir) a cell trains and evaluates on; without a cell, the task's
     baseline cell's (the data the report describes as the task's)."""
-    fv, tv = study.data_variant(task, cell or study.task(task).baseline_cell)
+    filter_variant, bpe_variant = study.data_variant(task, cell or study.task(task).baseline_cell)
     owner = study.data_task(task)  # stage two of a screening reads the screened task's data
-    return (output_path("filter", "filtered", study=study.name, task=owner, fv=fv),
-            output_path("bpe", "bpe", study=study.name, task=owner, fv=fv, tv=tv))
+    return (output_path("filter", "filtered", study=study.name, task=owner, filter_variant=filter_variant),
+            output_path("bpe", "bpe", study=study.name, task=owner, filter_variant=filter_variant,
+                        bpe_variant=bpe_variant))
 
 
 def stage_command(stage: str, study: Study, **args) -> str:
     """`python -m pipeline_src STAGE --params FILE --ARG VALUE...`: what both drivers run."""
     parts = ["python", "-m", "pipeline_src", stage, "--params", study.path]
     for k, v in args.items():
-        parts += [f"--{k}", str(v)]
+        parts += [f"--{k.replace('_', '-')}", str(v)]
     return shlex.join(parts)
 
 

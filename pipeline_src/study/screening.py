@@ -27,7 +27,7 @@ import json
 from pathlib import Path
 
 from ..common import StageError
-from .paths import output_path, promotion_path, write_records
+from .paths import promotion_path, write_skipped_eval, write_skipped_train
 
 NOT_PROMOTED = "NOT_PROMOTED.json"
 
@@ -65,17 +65,9 @@ def _record(study, task, cell, seed) -> dict:
 
 def write_not_promoted_train(study, task: str, cell: str, seed: int) -> None:
     """The training job's declared outputs, holding a 'not promoted' record instead of a model."""
-    write_records("train", _record(study, task, cell, seed), NOT_PROMOTED, study=study.name, task=task, cell=cell,
-                  seed=seed)
-    print(f"[train] {task}/{cell}/seed{seed}: not promoted, nothing trained", flush=True)
+    write_skipped_train(study, task, cell, seed, NOT_PROMOTED, _record(study, task, cell, seed), "not promoted")
 
 
 def write_not_promoted_eval(study, task: str, cell: str, seed: int) -> bool:
     """When the checkpoint is a 'not promoted' record, pass it on as the evaluation's outputs."""
-    path_fields = dict(study=study.name, task=task, cell=cell, seed=seed)
-    marker = Path(output_path("train", "ckpt", **path_fields)) / NOT_PROMOTED
-    if not marker.is_file():
-        return False
-    write_records("evaluate", json.loads(marker.read_text()), NOT_PROMOTED, **path_fields)
-    print(f"[evaluate] {task}/{cell}/seed{seed}: not promoted, nothing evaluated", flush=True)
-    return True
+    return write_skipped_eval(study, task, cell, seed, NOT_PROMOTED, "not promoted")

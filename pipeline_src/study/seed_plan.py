@@ -20,7 +20,8 @@ jobs of seeds >= min depend on the plan, and a job the plan did not ask for writ
 
 data/<study>/plan/seeds.json   the first round's comparisons, the decision for each, and the
                                cells given the extra seeds (written by report/plan.py).
-This module reads the plan (which seeds a cell has runs for; the jobs it did not ask for).
+This module reads the seed plan that the `plan` stage writes: which seeds a cell has runs for,
+and the jobs the plan did not ask for.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import json
 from pathlib import Path
 
 from ..common import StageError
-from .paths import output_path, write_records
+from .paths import output_path, write_skipped_eval, write_skipped_train
 
 NOT_NEEDED = "NOT_NEEDED.json"
 
@@ -73,19 +74,13 @@ def _record(study, task, cell, seed) -> dict:
 
 
 def write_not_needed_train(study, task: str, cell: str, seed: int) -> None:
-    write_records("train", _record(study, task, cell, seed), NOT_NEEDED, study=study.name, task=task,
-                  cell=cell, seed=seed)
-    print(f"[train] {task}/{cell}/seed{seed}: not needed by the seed plan, nothing trained", flush=True)
+    """The training job's declared outputs, holding a 'not needed' record instead of a model."""
+    write_skipped_train(study, task, cell, seed, NOT_NEEDED, _record(study, task, cell, seed),
+                        "not needed by the seed plan")
 
 
 def write_not_needed_eval(study, task: str, cell: str, seed: int) -> bool:
     """When the checkpoint is a 'not needed' record, pass it on as the evaluation's outputs."""
-    path_fields = dict(study=study.name, task=task, cell=cell, seed=seed)
-    marker = Path(output_path("train", "ckpt", **path_fields)) / NOT_NEEDED
-    if not marker.is_file():
-        return False
-    write_records("evaluate", json.loads(marker.read_text()), NOT_NEEDED, **path_fields)
-    print(f"[evaluate] {task}/{cell}/seed{seed}: not needed by the seed plan, nothing evaluated", flush=True)
-    return True
+    return write_skipped_eval(study, task, cell, seed, NOT_NEEDED, "not needed by the seed plan")
 
 

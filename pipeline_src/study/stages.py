@@ -166,24 +166,25 @@ def folder_deps(study: Study, jobs: list[Job]) -> list[Job]:
 def data_jobs(study: Study) -> list[Job]:
     """download per dataset; filter per filter variant and bpe per (filter, tokenizer) variant of
     each task: the DAG forks at the earliest data stage a cell changes. A variant job's settings
-    are in its command (--fv/--tv name them), so its param hash covers them too."""
+    are in its command (--filter-variant/--bpe-variant name them), so its param hash covers them
+    too."""
     s = study.name
     jobs = [_job(study, "download", ds, {"dataset": ds}, [], [f"datasets.{ds}"], {"dataset": ds})
             for ds in dict.fromkeys(t.dataset for t in study.tasks.values())]
     for task in study.all_tasks.values():
         raw = output_path("download", "raw", study=s, dataset=task.dataset)
-        fvs, pairs = study.data_variants(task.name)
-        for fv in fvs:
-            path_fields = {"task": task.name, "fv": fv}
-            jobs.append(_job(study, "filter", f"{task.name}-{fv}", dict(path_fields, dataset=task.dataset), [raw],
-                             _task_keys(study, task, "filter"), {"task": task.name, "fv": fv},
-                             extra_hash=study.filter_config(task.name, fv), group=_group(task)))
-        for fv, tv in pairs:
-            path_fields = {"task": task.name, "fv": fv, "tv": tv}
-            filtered = output_path("filter", "filtered", study=s, task=task.name, fv=fv)
-            jobs.append(_job(study, "bpe", f"{task.name}-{fv}-{tv}", path_fields, [filtered],
-                             _task_keys(study, task, "bpe"), {"task": task.name, "fv": fv, "tv": tv},
-                             extra_hash=study.bpe_config(task.name, fv, tv), group=_group(task)))
+        filter_variants, pairs = study.data_variants(task.name)
+        for filter_variant in filter_variants:
+            path_fields = {"task": task.name, "filter_variant": filter_variant}
+            jobs.append(_job(study, "filter", f"{task.name}-{filter_variant}", dict(path_fields, dataset=task.dataset),
+                             [raw], _task_keys(study, task, "filter"), dict(path_fields),
+                             extra_hash=study.filter_config(task.name, filter_variant), group=_group(task)))
+        for filter_variant, bpe_variant in pairs:
+            path_fields = {"task": task.name, "filter_variant": filter_variant, "bpe_variant": bpe_variant}
+            filtered = output_path("filter", "filtered", study=s, task=task.name, filter_variant=filter_variant)
+            jobs.append(_job(study, "bpe", f"{task.name}-{filter_variant}-{bpe_variant}", path_fields, [filtered],
+                             _task_keys(study, task, "bpe"), dict(path_fields),
+                             extra_hash=study.bpe_config(task.name, filter_variant, bpe_variant), group=_group(task)))
     return jobs
 
 
@@ -202,8 +203,9 @@ def tune_jobs(study: Study) -> list[Job]:
     for task in study.all_tasks.values():
         for cell in study.own_cells(task.name):
             if _tuned(study, task.name, cell):
-                fv, tv = study.data_variant(task.name, cell)
-                path_fields = {"task": task.name, "cell": cell, "fv": fv, "tv": tv}
+                filter_variant, bpe_variant = study.data_variant(task.name, cell)
+                path_fields = {"task": task.name, "cell": cell, "filter_variant": filter_variant,
+                               "bpe_variant": bpe_variant}
                 jobs.append(_job(study, "tune", f"{task.name}-{cell}", path_fields, [data_paths(study, task.name, cell)[1]],
                                  _train_params(study, task, cell), {"task": task.name, "cell": cell},
                                  group=_group(task)))
@@ -227,11 +229,12 @@ def run_jobs(study: Study) -> tuple[list[Job], list[Job]]:
     train_jobs, eval_jobs = [], []
     for task in study.all_tasks.values():
         for cell in study.own_cells(task.name):
-            fv, tv = study.data_variant(task.name, cell)
+            filter_variant, bpe_variant = study.data_variant(task.name, cell)
             bpe = data_paths(study, task.name, cell)[1]
             tuned = [tune_path(study, task.name, cell)] if _tuned(study, task.name, cell) else []
             for seed in study.seeds:
-                path_fields = {"task": task.name, "cell": cell, "seed": seed, "fv": fv, "tv": tv}
+                path_fields = {"task": task.name, "cell": cell, "seed": seed, "filter_variant": filter_variant,
+                               "bpe_variant": bpe_variant}
                 key = f"{task.name}-{cell}-s{seed}"
                 args = {"task": task.name, "cell": cell, "seed": seed}
                 # Stage two of a screening: a cell trains only if stage one promoted its family

@@ -112,7 +112,7 @@ if [[ $JOB == parts ]]; then
   export PIPELINE_JOBS_PER_GPU=$jobs_per_gpu  # the GPU's job slots (pipeline_src/runtime/gpu_slots.py)
   # K processes share the node's cores: small CPU thread pools each (their work is on the GPU)
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} MKL_NUM_THREADS=${MKL_NUM_THREADS:-2}
-  python -m pipeline_src parts plan --params "$params" || exit 1
+  python -m pipeline_src parts predict --params "$params" || exit 1
   cores=${NODE_CORES:-$(nproc)}
   (( cores < jobs_per_gpu )) && echo "!! $cores cores for $jobs_per_gpu GPU job slots: at most $cores jobs run at once" \
     "(NODE_CORES sets Snakemake's --cores; the default is all the node's cores)"

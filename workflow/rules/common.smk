@@ -48,8 +48,8 @@ wildcard_constraints:
     cell="[a-z0-9_-]+",
     dataset="[a-z0-9_-]+",
     seed=r"\d+",
-    fv="[a-z0-9_-]+",
-    tv="[a-z0-9_-]+",
+    filter_variant="[a-z0-9_-]+",
+    bpe_variant="[a-z0-9_-]+",
     screen="[a-z0-9_-]+",
 
 

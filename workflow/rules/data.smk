@@ -25,9 +25,9 @@ rule filter:
         cmd=stage_command("filter"),
         params_hash=stage_params_hash("filter"),
     log:
-        stage_log("filter", "{task}-{fv}"),
+        stage_log("filter", "{task}-{filter_variant}"),
     benchmark:
-        stage_benchmark("filter", "{task}-{fv}")
+        stage_benchmark("filter", "{task}-{filter_variant}")
     conda:
         "../envs/pipeline.yaml"
     shell:
@@ -43,9 +43,9 @@ rule bpe:
         cmd=stage_command("bpe"),
         params_hash=stage_params_hash("bpe"),
     log:
-        stage_log("bpe", "{task}-{fv}-{tv}"),
+        stage_log("bpe", "{task}-{filter_variant}-{bpe_variant}"),
     benchmark:
-        stage_benchmark("bpe", "{task}-{fv}-{tv}")
+        stage_benchmark("bpe", "{task}-{filter_variant}-{bpe_variant}")
     conda:
         "../envs/pipeline.yaml"
     shell:
