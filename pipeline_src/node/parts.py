@@ -686,7 +686,8 @@ def predict(study: Study) -> str:
     predicted = predict_parts(study, layout)
     for i, p in enumerate(layout.parts, 1):
         sec = predicted["parts"].get(p.name)
-        lines.append(f"  {i}. {p.name}: {len(p.runs)} runs of {', '.join(p.tasks)}"
+        lines.append(f"  {i}. {p.name}{' (extension: only if time is left)' if p.extension else ''}: "
+                     f"{len(p.runs)} runs of {', '.join(p.tasks)}"
                      + (f", predicted {sec / 60:.1f} min" if sec else "") + f" -> {archive_name(study, layout, p.name)}")
     lines.append(predicted["text"])
     return "\n".join(lines)

@@ -19,6 +19,10 @@ class Part:
     name: str
     tasks: tuple[str, ...]
     runs: tuple[Run, ...]
+    # An extension part runs after the core parts, only if the slot still has time: the study's
+    # time target (study_limit_s) is for the core parts; runs of an extension part that did not
+    # come back are reported as missing, as any other.
+    extension: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ def load_layout(study: Study) -> Layout:
             raise ConfigError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(known))})")
     specs = raw.get("parts") or []
     if not isinstance(specs, list) or not specs:
-        raise ConfigError(f"{where}: parts: a list of parts ({{name, tasks, cells?, seeds?}}) is needed")
+        raise ConfigError(f"{where}: parts: a list of parts ({{name, tasks, cells?, seeds?, extension?}}) is needed")
     if len(specs) > MAX_PARTS:
         raise ConfigError(f"{where}: parts: {len(specs)} parts; at most {MAX_PARTS} (one archive each)")
     left, parts = study_runs(study), []
@@ -75,9 +79,15 @@ def load_layout(study: Study) -> Layout:
         key = f"parts[{i}]"
         if not isinstance(spec, dict) or not NAME_RE.match(str(spec.get("name", ""))):
             raise ConfigError(f"{where}: {key}.name: a name of a-z, 0-9, _ and - is needed")
-        extra = set(spec) - {"name", "tasks", "cells", "seeds"}
+        extra = set(spec) - {"name", "tasks", "cells", "seeds", "extension"}
         if extra:
-            raise ConfigError(f"{where}: {key}: unknown key {sorted(extra)[0]!r} (name, tasks, cells, seeds)")
+            raise ConfigError(f"{where}: {key}: unknown key {sorted(extra)[0]!r} (name, tasks, cells, seeds, extension)")
+        extension = spec.get("extension", False)
+        if not isinstance(extension, bool):
+            raise ConfigError(f"{where}: {key}.extension: true or false, not {extension!r}")
+        if parts and parts[-1].extension and not extension:
+            raise ConfigError(f"{where}: {key} ({spec['name']}): a core part after an extension part; "
+                              "extension parts come last (they run only if the slot has time left)")
         tasks = spec.get("tasks") or list(study.tasks)
         for t in tasks:
             if t not in study.tasks:
@@ -94,7 +104,7 @@ def load_layout(study: Study) -> Layout:
         if not mine:
             raise ConfigError(f"{where}: {key} ({spec['name']}): no run left for it (an earlier part has them all)")
         left = [r for r in left if r not in mine]
-        parts.append(Part(spec["name"], tuple(dict.fromkeys(r[0] for r in mine)), mine))
+        parts.append(Part(spec["name"], tuple(dict.fromkeys(r[0] for r in mine)), mine, extension))
     if len({p.name for p in parts}) < len(parts):
         raise ConfigError(f"{where}: parts: two parts have the same name")
     if left:

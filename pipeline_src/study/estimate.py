@@ -313,7 +313,8 @@ def _makespan(jobs: list[tuple[float, float]], slots: int) -> float:
 
 
 def predict_parts(study: Study, layout=None) -> dict:
-    """{"parts": {name: seconds}, "study_s": seconds, "text": lines for validate, "basis": sources}."""
+    """{"parts": {name: seconds}, "study_s": seconds of the core parts, "text": lines for validate,
+    "basis": sources}."""
     from ..node.parts_layout import load_layout
 
     layout = layout or load_layout(study)
@@ -353,7 +354,8 @@ def predict_parts(study: Study, layout=None) -> dict:
             flops_rate.append(job_compute(study, task, cell_name)[1] / steps / step_s)
         parts[part.name] = PART_START_S + _data_seconds() + _makespan([*tunes.values(), *jobs], slots) + PACK_S
         trial_jobs += len(tunes)
-    total = sum(parts.values())
+    extensions = {p.name for p in layout.parts if p.extension}
+    total = sum(sec for name, sec in parts.items() if name not in extensions)  # the core parts: the target's
     peak = None
     for path in BENCH_FILES:
         if path.exists():
@@ -373,11 +375,16 @@ def predict_parts(study: Study, layout=None) -> dict:
         basis = (f"measured: {alone[0] * 1e3:.2f} ms per layer and step of one eager job alone ({alone[1]}); "
                  f"assumed: {k} jobs sharing the GPU make {k * share:g}x one job's steps (never measured), "
                  f"{JOB_START_S:g} s to start each job")
-    lines = [f"  = {total / 60:.1f} min on one {gpu} in {len(parts)} parts, {together} jobs sharing it"
+    core = len(parts) - len(extensions)
+    lines = [f"  = {total / 60:.1f} min on one {gpu} in {core} parts, {together} jobs sharing it"
              + (f" (target {layout.study_limit_s / 60:g} min)" if layout.study_limit_s else "") + ": "
-             + ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in parts.items())
+             + ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in parts.items() if name not in extensions)
              + f" (each part stops at {layout.limit_s / 60:g} min)",
              f"    {basis}"]
+    if extensions:
+        lines.insert(1, "    then, only if the slot has time left, extension parts: "
+                     + ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in parts.items() if name in extensions)
+                     + f" ({sum(parts[n] for n in extensions) / 60:.1f} min more)")
     if trial_jobs:
         lines.append(f"    includes {trial_jobs} lr-grid trial jobs (each cell's grid x lr_tune_steps, before its runs)")
     if peak and mean_rate:
