@@ -18,6 +18,18 @@ bf16 / fp32 step time <= 1 / 1.8 at d256/3+3 where the CPU has native bf16 (on a
 it bf16 is emulated and slower, and `precision: auto` stays on fp32).
 
     python bench/bench_cpu_cell.py [--quick] [--steps 80] [--precision auto|fp32|bf16] [--out DIR]
+
+With --compile it measures instead the real cell eager against torch.compile at the layer scope
+(train.compile, compile_scope: layers, what a CPU study would switch on): each variant is the
+train stage in a fresh process, the compiled one twice, first with an empty inductor cache
+("cold": a fresh machine) and then with the cache the first left ("warm": every later job of a
+study on the same machine). Per variant: the job's wall time (torch import, data, compile warm-up
+and the steps), the training loop's steady target tok/s over the steps after the first --skip
+(the trainer's live log), and the final training loss beside the eager one. From these it
+extrapolates the wall time of a run of --run-steps steps; compiled pays where it is shorter there.
+Target: compiled >= 1.3x the eager steady throughput, final loss within 0.01 nats of eager's.
+
+    python bench/bench_cpu_cell.py --compile [--steps 200] [--run-steps 6000] [--name cpu_cell_compile]
 """
 from __future__ import annotations
 
@@ -88,7 +100,7 @@ def isolated_steps(args) -> list[dict]:
     return rows
 
 
-def write_study(work: Path, args) -> None:
+def write_study(work: Path, args, **train) -> None:
     params = yaml.safe_load((REPO / "bench" / "real_cell.yaml").read_text())
     params["mirror"] = str(mirror_dir())
     params["device"] = "cpu"
@@ -98,7 +110,8 @@ def write_study(work: Path, args) -> None:
     task["model"] = dict(d_model=64 if args.quick else 128, n_heads=4, enc_layers=1 if args.quick else 2,
                          dec_layers=1 if args.quick else 2, d_ff=256 if args.quick else 512, dropout=0.1, max_len=256)
     task["train"].update(max_steps=args.steps, batch_tokens=4096, warmup_steps=100, lr=2e-3, eval_every=10**6,
-                         log_every=20, patience=0, precision=args.precision, max_src_len=128, max_tgt_len=128)
+                         log_every=20, patience=0, precision=args.precision, max_src_len=128, max_tgt_len=128,
+                         **train)
     (work / "study.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -133,15 +146,97 @@ def real_cell(args) -> list[dict]:
     return rows
 
 
+def _steady_tok_s(run_dir: Path, skip: int) -> float:
+    """The median target tok/s of the training loop's logged windows (train.log_every steps each,
+    train_log.tsv) after its first `skip` steps: compile warm-up and first steps left out."""
+    import csv
+    with open(run_dir / "train_log.tsv", newline="") as f:
+        rates = [float(r["tokens_per_s"]) for r in csv.DictReader(f, delimiter="\t")
+                 if int(r["step"]) > skip and r.get("tokens_per_s")]
+    if not rates:
+        raise RuntimeError(f"train_log.tsv logs no step after step {skip}: raise --steps")
+    return median(rates)
+
+
+def compile_cells(args) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_cpu_compile_") as tmp:
+        work = Path(tmp)
+        write_study(work, args)
+        env = tool_env(REPO)
+        env.update(PIPELINE_CPU_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(work / "inductor_cache"))
+        for a in (["download", "--dataset", "multi30k"], ["filter", "--task", TASK], ["bpe", "--task", TASK]):
+            stage(work, env, *a)
+        run_dir = work / "data" / "realcell" / "runs" / TASK / "baseline" / "seed0"
+        for variant, train in (("eager", {}), ("compiled, cold cache", {"compile": True, "compile_scope": "layers"}),
+                               ("compiled, warm cache", {"compile": True, "compile_scope": "layers"})):
+            write_study(work, args, **train)
+            tick = time.perf_counter()
+            stage(work, env, "train", "--task", TASK, "--cell", "baseline", "--seed", "0")
+            job_s = time.perf_counter() - tick
+            cost = json.loads((run_dir / "cost.json").read_text())
+            metrics = json.loads((run_dir / "train_metrics.json").read_text())
+            rows.append({"variant": variant, "steps": args.steps, "job_s": job_s, "train_loop_s": cost["wall_s"],
+                         "steady_tok_s": _steady_tok_s(run_dir, args.skip), "compiled": cost.get("compiled"),
+                         "final_train_loss": metrics.get("final_train_loss"),
+                         "tgt_tokens_per_step": cost.get("target_tokens", 0) / max(args.steps, 1)})
+            for p in run_dir.iterdir():  # the next variant trains from scratch
+                subprocess.run(["rm", "-rf", str(p)], check=True)
+    eager = rows[0]
+    for r in rows:
+        # what the job spends beyond its steady steps: process start, loading data, compile warm-up
+        r["fixed_s"] = r["job_s"] - r["steps"] * r["tgt_tokens_per_step"] / r["steady_tok_s"]
+        r["run_s"] = r["fixed_s"] + args.run_steps * r["tgt_tokens_per_step"] / r["steady_tok_s"]
+        r["speedup"] = r["steady_tok_s"] / eager["steady_tok_s"]
+        r["run_speedup"] = eager["run_s"] / r["run_s"]
+        r["loss_diff"] = (r["final_train_loss"] - eager["final_train_loss"]) if r["final_train_loss"] is not None \
+            and eager["final_train_loss"] is not None else None
+    return rows
+
+
+def main_compile(args) -> None:
+    torch.set_num_threads(1)
+    rows = compile_cells(args)
+    best = rows[2]
+    verdict = ("meets" if best["speedup"] >= 1.3 and abs(best["loss_diff"] or 0) <= 0.01 else "misses")
+    if not all(r["compiled"] for r in rows[1:]):
+        raise RuntimeError("the compiled variants' cost.json says compiled: false: the train stage did not compile")
+    body = [f"The real train stage (Multi30k in full, d128/2+2, BPE 8k, batch_tokens 4096, precision "
+            f"{args.precision}), {args.steps} steps, one thread, eager against torch.compile at the layer scope. "
+            f"Steady throughput over the steps after step {args.skip}; a run of {args.run_steps:,} steps is "
+            "extrapolated from each job's fixed seconds (start, data, warm-up) and its steady rate.", "",
+            md_table(["variant", "job s", "training loop s", "steady target tok/s", "× eager",
+                      f"fixed s", f"{args.run_steps:,}-step run s (extrapolated)", "× eager over the run",
+                      "final train loss", "Δ loss vs eager"],
+                     [[r["variant"], r["job_s"], r["train_loop_s"], r["steady_tok_s"], f"{r['speedup']:.2f}×",
+                       r["fixed_s"], r["run_s"], f"{r['run_speedup']:.2f}×", r["final_train_loss"],
+                       r["loss_diff"]] for r in rows]), "",
+            f"- target: compiled (warm cache) ≥ 1.3× eager's steady throughput, final loss within 0.01 nats: "
+            f"**{verdict}** it ({best['speedup']:.2f}×, Δ {best['loss_diff']:+.4f})"]
+    write_report(args.name, "CPU training: eager vs torch.compile (layer scope) on the real cell",
+                 {"compile_cells": rows, "run_steps": args.run_steps}, "\n".join(body), quick=args.quick,
+                 out_dir=args.out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny models, a 2,000-pair sample, few steps (smoke test)")
     ap.add_argument("--steps", type=int, help="training steps of the real cell (default 80, quick 6)")
     ap.add_argument("--step-reps", type=int, help="timed isolated steps per variant (default 10, quick 2)")
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="the real cell's train.precision")
-    ap.add_argument("--name", default="cpu_cell")
+    ap.add_argument("--compile", action="store_true", help="eager vs torch.compile (layer scope) instead")
+    ap.add_argument("--skip", type=int, default=20, help="--compile: steps left out of the steady rate")
+    ap.add_argument("--run-steps", type=int, default=6000, help="--compile: the run length to extrapolate to")
+    ap.add_argument("--name")
     ap.add_argument("--out", default=str(OUT_DIR))
     args = ap.parse_args()
+    args.name = args.name or ("cpu_cell_compile" if args.compile else "cpu_cell")
+    if args.compile:
+        args.steps = args.steps or (40 if args.quick else 200)
+        args.skip = min(args.skip, args.steps // 2)
+        if not (mirror_dir() / "multi30k").is_dir():
+            sys.exit(f"error: no Multi30k in the mirror {mirror_dir()} (set PIPELINE_DATA_MIRROR)")
+        return main_compile(args)
     args.steps = args.steps or (6 if args.quick else 80)
     args.step_reps = args.step_reps or (2 if args.quick else 10)
     if not (mirror_dir() / "multi30k").is_dir():
