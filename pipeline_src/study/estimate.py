@@ -312,6 +312,21 @@ def _makespan(jobs: list[tuple[float, float]], slots: int) -> float:
     return end
 
 
+def _benchmarked_peak_flops() -> float | None:
+    """The GPU's measured peak FLOP/s, from the first real-cell benchmark record there is."""
+    for path in BENCH_FILES:
+        if path.exists():
+            d = json.loads(path.read_text())
+            return (d.get("cost") or d).get("peak_flops")
+    return None
+
+
+def _extension_line(parts: dict, extensions: set) -> str:
+    return ("    then, only if the slot has time left, extension parts: "
+            + ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in parts.items() if name in extensions)
+            + f" ({sum(parts[n] for n in extensions) / 60:.1f} min more)")
+
+
 def predict_parts(study: Study, layout=None) -> dict:
     """{"parts": {name: seconds}, "study_s": seconds of the core parts, "text": lines for validate,
     "basis": sources}."""
@@ -356,12 +371,7 @@ def predict_parts(study: Study, layout=None) -> dict:
         trial_jobs += len(tunes)
     extensions = {p.name for p in layout.parts if p.extension}
     total = sum(sec for name, sec in parts.items() if name not in extensions)  # the core parts: the target's
-    peak = None
-    for path in BENCH_FILES:
-        if path.exists():
-            d = json.loads(path.read_text())
-            peak = (d.get("cost") or d).get("peak_flops")
-            break
+    peak = _benchmarked_peak_flops()
     together = min([k, *at_once.values()])  # jobs at once in the prediction
     mean_rate = together * sum(flops_rate) / len(flops_rate) if flops_rate else 0.0
     gpu = layout.gpu or (alone[1].split(",")[0] if alone else "the GPU")
@@ -382,9 +392,7 @@ def predict_parts(study: Study, layout=None) -> dict:
              + f" (each part stops at {layout.limit_s / 60:g} min)",
              f"    {basis}"]
     if extensions:
-        lines.insert(1, "    then, only if the slot has time left, extension parts: "
-                     + ", ".join(f"{name} {sec / 60:.1f} min" for name, sec in parts.items() if name in extensions)
-                     + f" ({sum(parts[n] for n in extensions) / 60:.1f} min more)")
+        lines.insert(1, _extension_line(parts, extensions))
     if trial_jobs:
         lines.append(f"    includes {trial_jobs} lr-grid trial jobs (each cell's grid x lr_tune_steps, before its runs)")
     if peak and mean_rate:
