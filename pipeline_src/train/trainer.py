@@ -111,8 +111,8 @@ class Trainer:
         (torch's "reduce-overhead" mode), which removes the per-kernel launch cost small models pay."""
         t, device = self.t, self.device
         step_fn, loss_fn, compiled, graphs = self.model, token_loss, False, False
-        if t.compile:  # on a CPU too (inductor's C++ kernels); CUDA graphs only on a GPU
-            compiled, graphs = True, t.cuda_graphs and device.type == "cuda"
+        if t.compile and device.type == "cuda":
+            compiled, graphs = True, t.cuda_graphs
             step_fn, loss_fn = compile_for_training(self.model, t.compile_scope, t.compile_dynamic, graphs)
         if self.world > 1:
             ids = [device.index] if device.type == "cuda" else None
