@@ -122,16 +122,20 @@ def stage(work: Path, env: dict, *args: str) -> None:
         raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
 
 
+def prepare_cell(work: Path, args, **env_extra) -> tuple[dict, Path]:
+    """The real cell's study file and data in `work`: (the stages' environment, its run folder)."""
+    write_study(work, args)
+    env = dict(tool_env(REPO), PIPELINE_CPU_THREADS="1", **env_extra)
+    for a in (["download", "--dataset", "multi30k"], ["filter", "--task", TASK], ["bpe", "--task", TASK]):
+        stage(work, env, *a)
+    return env, work / "data" / "realcell" / "runs" / TASK / "baseline" / "seed0"
+
+
 def real_cell(args) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_cpu_cell_") as tmp:
         work = Path(tmp)
-        write_study(work, args)
-        env = tool_env(REPO)
-        env["PIPELINE_CPU_THREADS"] = "1"
-        for a in (["download", "--dataset", "multi30k"], ["filter", "--task", TASK], ["bpe", "--task", TASK]):
-            stage(work, env, *a)
-        run_dir = work / "data" / "realcell" / "runs" / TASK / "baseline" / "seed0"
+        env, run_dir = prepare_cell(work, args)
         for malloc in ("keep", "system"):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             stage(work, dict(env, PIPELINE_MALLOC=malloc), "train", "--task", TASK, "--cell", "baseline", "--seed", "0")
@@ -162,12 +166,7 @@ def compile_cells(args) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_cpu_compile_") as tmp:
         work = Path(tmp)
-        write_study(work, args)
-        env = tool_env(REPO)
-        env.update(PIPELINE_CPU_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(work / "inductor_cache"))
-        for a in (["download", "--dataset", "multi30k"], ["filter", "--task", TASK], ["bpe", "--task", TASK]):
-            stage(work, env, *a)
-        run_dir = work / "data" / "realcell" / "runs" / TASK / "baseline" / "seed0"
+        env, run_dir = prepare_cell(work, args, TORCHINDUCTOR_CACHE_DIR=str(work / "inductor_cache"))
         for variant, train in (("eager", {}), ("compiled, cold cache", {"compile": True, "compile_scope": "layers"}),
                                ("compiled, warm cache", {"compile": True, "compile_scope": "layers"})):
             write_study(work, args, **train)
