@@ -20,8 +20,8 @@ it bf16 is emulated and slower, and `precision: auto` stays on fp32).
     python bench/bench_cpu_cell.py [--quick] [--steps 80] [--precision auto|fp32|bf16] [--out DIR]
 
 With --compile it measures instead the real cell eager against torch.compile at the layer scope
-(train.compile, compile_scope: layers, what a CPU study would switch on): each variant is the
-train stage in a fresh process, the compiled one twice, first with an empty inductor cache
+(train.compile and compile_on_cpu, compile_scope: layers: what a CPU study would switch on): each
+variant is the train stage in a fresh process, the compiled one twice, first with an empty inductor cache
 ("cold": a fresh machine) and then with the cache the first left ("warm": every later job of a
 study on the same machine). Per variant: the job's wall time (torch import, data, compile warm-up
 and the steps), the training loop's steady target tok/s over the steps after the first --skip
@@ -162,13 +162,15 @@ def _steady_tok_s(run_dir: Path, skip: int) -> float:
     return median(rates)
 
 
+COMPILED = {"compile": True, "compile_on_cpu": True, "compile_scope": "layers"}
+
+
 def compile_cells(args) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_cpu_compile_") as tmp:
         work = Path(tmp)
         env, run_dir = prepare_cell(work, args, TORCHINDUCTOR_CACHE_DIR=str(work / "inductor_cache"))
-        for variant, train in (("eager", {}), ("compiled, cold cache", {"compile": True, "compile_scope": "layers"}),
-                               ("compiled, warm cache", {"compile": True, "compile_scope": "layers"})):
+        for variant, train in (("eager", {}), ("compiled, cold cache", COMPILED), ("compiled, warm cache", COMPILED)):
             write_study(work, args, **train)
             tick = time.perf_counter()
             stage(work, env, "train", "--task", TASK, "--cell", "baseline", "--seed", "0")

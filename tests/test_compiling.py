@@ -4,7 +4,7 @@ generated (code generation is the GPU's business and bench/bench_compile.py's)."
 import pytest
 import torch
 
-from pipeline_src.train.compiling import compile_for_training, compiled_graphs, eager, token_loss
+from pipeline_src.train.compiling import compile_for_training, compile_mode, compiled_graphs, eager, token_loss
 from pipeline_src.model import ModelConfig, Transformer
 from pipeline_src.train.trainer import sequence_loss
 
@@ -84,3 +84,12 @@ def test_validation_under_eager_compiles_nothing():
 def test_unknown_scope_is_refused():
     with pytest.raises(ValueError, match="train.compile_scope"):
         compile_for_training(_model(), "everything")
+
+
+def test_a_cpu_compiles_only_with_compile_on_cpu():
+    # train.compile alone leaves a CPU study's numbers as they are; CUDA graphs never on a CPU
+    assert compile_mode(True, False, True, "cpu") == (False, False)
+    assert compile_mode(True, True, True, "cpu") == (True, False)
+    assert compile_mode(True, False, True, "cuda") == (True, True)
+    assert compile_mode(True, False, False, "cuda") == (True, False)
+    assert compile_mode(False, True, True, "cuda") == (False, False)

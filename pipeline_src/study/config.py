@@ -74,6 +74,9 @@ class TrainConfig:
     lm_seq_len: int = 128
     precision: str = "auto"  # auto = bf16 autocast on CUDA and on CPUs with bf16 units, else fp32 (train/precision.py)
     compile: bool = False
+    # compile applies on CUDA; on a CPU only with compile_on_cpu (inductor's C++ kernels round
+    # differently from eager ones, so a CPU study's numbers change with it).
+    compile_on_cpu: bool = False
     average_last: int = 0  # average the last N saved checkpoints into the final model
     log_every: int = 10  # also how often the step's loss and grad norm are read back (a host sync)
     # Speed. length_buckets N > 0: static batch shapes, lengths rounded up to a grid of

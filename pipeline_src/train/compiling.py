@@ -36,6 +36,14 @@ def token_loss(logits: torch.Tensor, target: torch.Tensor, label_smoothing: floa
                            label_smoothing=label_smoothing, reduction=reduction)
 
 
+def compile_mode(compile: bool, compile_on_cpu: bool, cuda_graphs: bool, device_type: str) -> tuple[bool, bool]:
+    """(compile the step?, replay it as CUDA graphs?) for train.compile / compile_on_cpu / cuda_graphs
+    on this device: a CPU compiles only when asked twice, since its compiled kernels round
+    differently and a CPU study's numbers would change with train.compile alone."""
+    compiled = compile and (device_type == "cuda" or compile_on_cpu)
+    return compiled, compiled and cuda_graphs and device_type == "cuda"
+
+
 def compile_for_training(model: torch.nn.Module, scope: str = "layers", dynamic: bool | None = None,
                          graphs: bool = False, backend: str = "inductor"):
     """(the callable a training step runs the model through, the loss function to use).

@@ -31,7 +31,7 @@ from ..runtime.gpu_slots import select_device
 from ..study import screening, seed_plan
 from ..study.config import CellConfig, Study
 from . import batching, preemption, state as train_state
-from .compiling import compile_for_training, eager, token_loss
+from .compiling import compile_for_training, compile_mode, eager, token_loss
 from .live_log import LiveLog
 from ..model.checkpoint import load_trained_model  # noqa: F401 (trainer.load_trained_model: its readers)
 from ..study.paths import SCRATCH, data_paths, output_path, tune_record
@@ -110,9 +110,9 @@ class Trainer:
         train.cuda_graphs: each compiled region is also replayed as a CUDA graph per shape
         (torch's "reduce-overhead" mode), which removes the per-kernel launch cost small models pay."""
         t, device = self.t, self.device
-        step_fn, loss_fn, compiled, graphs = self.model, token_loss, False, False
-        if t.compile and device.type == "cuda":
-            compiled, graphs = True, t.cuda_graphs
+        step_fn, loss_fn = self.model, token_loss
+        compiled, graphs = compile_mode(t.compile, t.compile_on_cpu, t.cuda_graphs, device.type)
+        if compiled:
             step_fn, loss_fn = compile_for_training(self.model, t.compile_scope, t.compile_dynamic, graphs)
         if self.world > 1:
             ids = [device.index] if device.type == "cuda" else None
