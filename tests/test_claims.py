@@ -477,16 +477,22 @@ def test_shipped_studies_declare_claims_and_references():
         assert study.claims and study.references, p
 
 
-def test_the_summarisation_check_run_is_the_study_baseline_shortened():
-    """CI re-makes a shortened baseline of the CNN/DailyMail study (check.yaml): its data recipe,
-    tokenizer and model must stay the study's, or the check would test something else."""
-    study = load_study(ROOT / "workflow/studies/cnndm/params.yaml")
-    check = load_study(ROOT / "workflow/studies/cnndm/check.yaml")
-    a, b = study.cell("cnndm", "baseline"), check.cell("cnndm", "baseline")
-    assert study.datasets == check.datasets
-    assert study.tasks["cnndm"].filter == check.tasks["cnndm"].filter
-    assert study.tasks["cnndm"].bpe == check.tasks["cnndm"].bpe and a.model == b.model
-    assert b.train.max_steps < a.train.max_steps and b.eval.max_examples == 100
+@pytest.mark.parametrize("study_dir, task, max_examples", [("cnndm", "cnndm", 100), ("cpu", "ptb", None)])
+def test_each_check_run_is_its_study_baseline_shortened(study_dir, task, max_examples):
+    """CI re-makes a shortened baseline of each committed CPU study (check.yaml): its data recipe,
+    tokenizer, model and evaluation must stay the study's, or the check would test something else."""
+    study = load_study(ROOT / f"workflow/studies/{study_dir}/params.yaml")
+    check = load_study(ROOT / f"workflow/studies/{study_dir}/check.yaml")
+    a, b = study.cell(task, "baseline"), check.cell(task, "baseline")
+    assert {task: study.datasets[study.tasks[task].dataset]} == {task: check.datasets[check.tasks[task].dataset]}
+    assert study.tasks[task].filter == check.tasks[task].filter
+    assert study.tasks[task].bpe == check.tasks[task].bpe and a.model == b.model
+    assert b.train.max_steps < a.train.max_steps
+    assert b.train.lr == a.train.lr or a.train.lr_grid  # a tuned study's check trains at its chosen lr
+    if max_examples is None:
+        assert b.eval == a.eval
+    else:
+        assert b.eval.max_examples == max_examples
 
 
 def test_gpu_study_runner_refuses_cleanly_without_a_gpu(tmp_path):

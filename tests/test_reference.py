@@ -192,7 +192,7 @@ def test_a_check_run_at_another_lr_than_the_reference_study_is_refused(tmp_path)
 
 
 # The committed studies whose check run CI re-makes (.ci/run), with the params file it is made from.
-SHIPPED_CHECKS = {"reports/reference/cpu": "workflow/studies/cpu/params.yaml",
+SHIPPED_CHECKS = {"reports/reference/cpu": "workflow/studies/cpu/check.yaml",
                   "reports/reference/cnndm": "workflow/studies/cnndm/check.yaml"}
 
 

@@ -22,7 +22,9 @@ PARAMS=${STUDY_PARAMS:-workflow/studies/cpu/params.yaml}
 OUT=${REFERENCE_OUT:-reports/reference/cpu}
 CORES=${CORES:-2}
 CHECK_RUN=${CHECK_RUN:-"ptb baseline 0"}  # task cell seed of the run CI re-makes
-CHECK_PARAMS=${CHECK_PARAMS:-$PARAMS}     # ... of this study, or of a shortened copy of it made for CI
+# ... made from a shortened copy of the study (check.yaml beside its params file) where there is one
+[[ -f "$(dirname "$PARAMS")/check.yaml" ]] && default_check="$(dirname "$PARAMS")/check.yaml" || default_check=$PARAMS
+CHECK_PARAMS=${CHECK_PARAMS:-$default_check}
 [[ -d .venv/bin ]] && export PATH="$PWD/.venv/bin:$PATH"
 export PIPELINE_QUIET=${PIPELINE_QUIET:-1} PYTHONUNBUFFERED=1
 NAME=$(python -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))['study'])" "$PARAMS")
