@@ -351,10 +351,18 @@ def _supervise(conn: socket.socket) -> int:
     selector = selectors.DefaultSelector()
     selector.register(ended, selectors.EVENT_READ)
     selector.register(conn, selectors.EVENT_READ)
-    while True:
-        events = selector.select()
-        if any(key.fd == ended for key, _ in events):
-            break
+    status = None
+    while status is None:
+        # The timeout also polls the copy: once, under heavy load, a supervisor was seen waiting
+        # here with its copy gone, and a job that hangs is worse than one that reports.
+        events = selector.select(timeout=5.0)
+        if not events or any(key.fd == ended for key, _ in events):
+            try:
+                done, raw = os.waitpid(pid, os.WNOHANG if not events else 0)
+            except ChildProcessError:  # reaped by someone else: its status is lost
+                done, raw = pid, 1 << 8
+            status = raw if done else None
+            continue
         if not conn.recv(1):  # the job's process is gone (killed): the stage goes with it
             for kill in (os.killpg, os.kill):
                 try:
@@ -363,7 +371,6 @@ def _supervise(conn: socket.socket) -> int:
                     pass
             os.waitpid(pid, 0)
             return 0
-    _, status = os.waitpid(pid, 0)
     try:
         _send(conn, {"status": os.waitstatus_to_exitcode(status)})
     except OSError:
