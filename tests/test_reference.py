@@ -208,3 +208,34 @@ def test_each_shipped_check_run_trains_at_its_study_s_lr(ref):
     for run in runs:
         task, cell = run.parts[-3], run.parts[-2]
         reference.check_lr_matches(study, root / ref, task, cell)
+
+
+def test_a_shortened_check_run_carries_the_spread_over_its_own_seeds(study):
+    """A check params file with several seeds: --make trains on none of them itself, refuses while
+    a seed is missing, then writes their spread beside the run; the check uses it on another
+    machine kind instead of the study's spread (runs early in training differ far more)."""
+    params = yaml.safe_load((study / "tiny.yaml").read_text())
+    params["seeds"] = [0, 1, 2]
+    (study / "tiny3.yaml").write_text(yaml.safe_dump(params))
+
+    def stage(*args, check=True):
+        return subprocess.run([sys.executable, "-m", "pipeline_src", *args, "--params", "tiny3.yaml"], cwd=study,
+                              env=checkout_env(PIPELINE_CPU_THREADS="1"), capture_output=True, text=True, check=check)
+
+    job = JOB[:-1]
+    stage("train", *job, "1")
+    stage("evaluate", *job, "1")
+    refused = stage("check-reference", *JOB, "--reference", "ref3", "--make", check=False)
+    assert refused.returncode == 1 and "needs seed 2 trained and evaluated too" in refused.stderr
+    stage("train", *job, "2")
+    stage("evaluate", *job, "2")
+    made = stage("check-reference", *JOB, "--reference", "ref3", "--make")
+    assert "spread over seeds 0, 1, 2 written to" in made.stdout
+    std, mean, seeds = reference.check_seed_spread(study / "ref3", "reorder", "baseline")
+    assert seeds == [0, 1, 2] and std["best_val_loss"] > 0 and "steps" in mean
+    per_seed = [json.loads((study / f"data/tiny/runs/reorder/baseline/seed{s}/train_metrics.json").read_text())
+                ["best_val_loss"] for s in seeds]
+    assert mean["best_val_loss"] == pytest.approx(sum(per_seed) / 3)
+    # the run dirs the check scripts glob (check/*/*/seed*) are the runs, not the spread file
+    assert [p.name for p in (study / "ref3" / "check").glob("*/*/seed*")] == ["seed0"]
+    assert reference.check_seed_spread(study / "ref", "reorder", "baseline") is None

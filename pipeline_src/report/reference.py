@@ -24,7 +24,11 @@ figure's tolerance is then the larger of the above and 3 standard deviations of 
 the cell's seeds in the reference's summary.csv. A perplexity's spread is proportional to its
 level (it is the exponential of a loss, whose spread in nats is what carries over), and a check
 run can sit at another level than the study's runs (a shortened run): its seeds' standard
-deviation is taken relative to their mean, at the check run's level. No tolerance reaches half of
+deviation is taken relative to their mean, at the check run's level. A check run made from a
+shortened copy of the study sits early in training, where runs differ far more than the study's
+finished runs do: its params file then lists several seeds, `--make` trains them all and writes
+their spread beside the run (check/<task>/<cell>/spread_over_seeds.json), and that spread, taken
+at the check run's own length, replaces the study's. No tolerance reaches half of
 the reference figure (a ROUGE of 0.96 may not move by 0.99): a run that learned nothing, or a
 metric that broke to zero, always fails. Every line says which machine facts differed and which
 rule gave each figure its tolerance.
@@ -58,8 +62,53 @@ FILES = {"train_metrics.json": ("train", "metrics"), "eval_metrics.json": ("eval
          "cost.json": ("train", "cost"), "train_info.json": ("train", "info")}
 
 
+SPREAD_FILE = "spread_over_seeds.json"  # not seed*: the check scripts glob check/*/*/seed* for runs
+
+
 def reference_run_dir(reference: Path, task: str, cell: str, seed: int) -> Path:
     return Path(reference) / "check" / task / cell / f"seed{seed}"
+
+
+def check_seed_spread(reference: Path, task: str, cell: str) -> tuple[dict[str, float], dict[str, float], list] | None:
+    """(standard deviation, mean, seeds) of every figure over the check run's own seeds, if made."""
+    path = Path(reference) / "check" / task / cell / SPREAD_FILE
+    if not path.exists():
+        return None
+    record = json.loads(path.read_text())
+    return record["std"], record["mean"], record["seeds"]
+
+
+def _write_check_spread(study: Study, reference: Path, task: str, cell: str) -> str:
+    """Write the spread of every figure over the check params' seeds (all must have run)."""
+    by_seed = {}
+    for seed in study.seeds:
+        files = {name: Path(output_path(stage, key, study=study.name, task=task, cell=cell, seed=seed))
+                 for name, (stage, key) in FILES.items()}
+        missing = [str(p) for p in files.values() if not p.exists()]
+        if missing:
+            raise StageError(f"check-reference: {missing[0]} is missing: the spread over the check run's seeds "
+                             f"needs seed {seed} trained and evaluated too")
+        staged = files["train_metrics.json"].parent / ".spread"
+        staged.mkdir(exist_ok=True)
+        try:
+            for name, path in files.items():
+                shutil.copyfile(path, staged / name)
+            by_seed[seed] = _figures(staged)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+    names = sorted(set.intersection(*(set(f) for f in by_seed.values())))
+    std, mean = {}, {}
+    for name in names:
+        values = [float(by_seed[seed][name]) for seed in by_seed]
+        if any(math.isnan(v) for v in values):
+            continue
+        mean[name] = sum(values) / len(values)
+        std[name] = math.sqrt(sum((v - mean[name]) ** 2 for v in values) / (len(values) - 1))
+    path = Path(reference) / "check" / task / cell / SPREAD_FILE
+    path.write_text(json.dumps({"seeds": list(by_seed), "std": std, "mean": mean,
+                                "what": "standard deviation (n - 1) and mean of each figure over the check "
+                                        "params' seeds; the tolerance on another machine kind"}, indent=1))
+    return str(path)
 
 
 def _figures(run_dir: Path) -> dict[str, float]:
@@ -116,9 +165,10 @@ def seed_spread(reference: Path, task: str, cell: str) -> tuple[dict[str, float]
 
 
 def compare(reference_dir: Path, run_dir: Path, spread: dict[str, float] | None = None,
-            level: dict[str, float] | None = None) -> tuple[bool, list[str]]:
+            level: dict[str, float] | None = None,
+            spread_from: str = "the reference study's seeds") -> tuple[bool, list[str]]:
     """(passed, report lines) for one run against its reference copy. `spread` and `level`: the
-    standard deviation and mean of each figure over the reference study's seeds of the cell."""
+    standard deviation and mean of each figure over the seeds `spread_from` names."""
     ref_machine, run_machine = _machine(reference_dir), _machine(run_dir)
     differ = machine.differences(ref_machine, run_machine)
     same_machine = not differ
@@ -133,7 +183,7 @@ def compare(reference_dir: Path, run_dir: Path, spread: dict[str, float] | None 
                      f"were expected; figures compared with the same-machine tolerances")
     else:
         lines.append(f"another machine kind ({'; '.join(differ)}): a figure may move by the larger of its "
-                     f"same-machine tolerance and {SEED_SPREAD:g} seed standard deviations of the reference, "
+                     f"same-machine tolerance and {SEED_SPREAD:g} standard deviations over {spread_from}, "
                      f"never by {100 * MAX_SHARE:g} % of its value")
     ref, now = _figures(reference_dir), _figures(run_dir)
     passed = True
@@ -205,6 +255,9 @@ def run(study: Study, task: str, cell: str, seed: int, reference: str, make: boo
         for name, path in run_files.items():
             shutil.copyfile(path, ref_dir / name)
         print(f"reference for {task}/{cell}/seed{seed} written to {ref_dir} (torch {package_versions()['torch']})")
+        if len(study.seeds) > 1 and not study.adaptive_seeds:  # a fixed list: every seed has run
+            print(f"spread over seeds {', '.join(map(str, study.seeds))} written to "
+                  f"{_write_check_spread(study, Path(reference), task, cell)}")
         return 0
     if not (ref_dir / "eval_metrics.json").exists():
         raise StageError(f"check-reference: no reference run in {ref_dir} (make one with --make)")
@@ -213,8 +266,14 @@ def run(study: Study, task: str, cell: str, seed: int, reference: str, make: boo
     staged.mkdir(exist_ok=True)
     for name, path in run_files.items():
         shutil.copyfile(path, staged / name)
+    own = check_seed_spread(Path(reference), task, cell)
+    if own:
+        std, mean, seeds = own
+        spread_args = (std, mean, f"the check run's own seeds ({', '.join(map(str, seeds))})")
+    else:
+        spread_args = (*seed_spread(Path(reference), task, cell), "the reference study's seeds")
     try:
-        passed, lines = compare(ref_dir, staged, *seed_spread(Path(reference), task, cell))
+        passed, lines = compare(ref_dir, staged, *spread_args)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     print(f"{task}/{cell}/seed{seed} against {ref_dir}:")

@@ -77,10 +77,12 @@ cp "$LOGS/validate.txt" "$OUT/validate.txt"
 echo "$CMD" > "$OUT/command.txt"
 read -r task cell seed <<<"$CHECK_RUN"
 if [[ "$CHECK_PARAMS" != "$PARAMS" ]]; then  # the shortened run CI re-makes: made here once (not timed)
-  target=$(python -c "import sys; from pipeline_src.study.config import load_study; from pipeline_src.study.stages import output_path
-s = load_study(sys.argv[1]); print(output_path('evaluate', 'metrics', study=s.name, task=sys.argv[2], cell=sys.argv[3], seed=int(sys.argv[4])))" \
-    "$CHECK_PARAMS" "$task" "$cell" "$seed")
-  snakemake --cores "$CORES" --config params="$CHECK_PARAMS" --quiet rules -- "$target"
+  # every seed its params file lists: check-reference --make records their spread beside the run
+  targets=$(python -c "import sys; from pipeline_src.study.config import load_study; from pipeline_src.study.stages import output_path
+s = load_study(sys.argv[1]); print(' '.join(output_path('evaluate', 'metrics', study=s.name, task=sys.argv[2], cell=sys.argv[3], seed=n) for n in s.seeds))" \
+    "$CHECK_PARAMS" "$task" "$cell")
+  # shellcheck disable=SC2086
+  snakemake --cores "$CORES" --config params="$CHECK_PARAMS" --quiet rules -- $targets
 fi
 python -m pipeline_src check-reference --params "$CHECK_PARAMS" --task "$task" --cell "$cell" --seed "$seed" \
   --reference "$OUT" --make
