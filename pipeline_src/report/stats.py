@@ -69,7 +69,7 @@ def _finite(x) -> bool:
 def paired_t(deltas, confidence: float = 0.95) -> dict:
     """Mean of the per-seed differences, its Student-t interval and the two-sided p of mean = 0.
     n < 2: no interval and no p (NaN)."""
-    from scipy import stats
+    from scipy import special
 
     d = np.asarray(deltas, dtype=np.float64)
     n = len(d)
@@ -82,9 +82,12 @@ def paired_t(deltas, confidence: float = 0.95) -> dict:
     if sd == 0.0:  # every run moved by exactly the same amount
         out.update(ci_lo=out["mean"], ci_hi=out["mean"], p=1.0 if out["mean"] == 0 else 0.0)
         return out
-    res = stats.ttest_1samp(d, 0.0)
-    lo, hi = res.confidence_interval(confidence)
-    out.update(ci_lo=float(lo), ci_hi=float(hi), p=float(res.pvalue))
+    # Student's t from its ufuncs: what stats.ttest_1samp computes (equal to ~1e-12, relative),
+    # without its ~0.8 ms of argument handling per call (a calibration test makes 15,000 calls).
+    t = out["mean"] / out["se"]
+    quantile = float(special.stdtrit(n - 1, 0.5 + confidence / 2))
+    out.update(ci_lo=out["mean"] - quantile * out["se"], ci_hi=out["mean"] + quantile * out["se"],
+               p=float(2 * special.stdtr(n - 1, -abs(t))))
     return out
 
 
