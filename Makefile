@@ -55,7 +55,8 @@ cpu-study: install
 	bash workflow/studies/cpu/run.sh
 
 # The reference CPU summarisation study: CNN/DailyMail in See et al.'s processing from the offline
-# mirror (68 min on 2 cores; the same command continues a stopped run). Products -> reports/reference/cnndm/.
+# mirror (147 min as last run, on a shared machine; the same command continues a stopped run).
+# Products -> reports/reference/cnndm/.
 cnndm-study: install
 	bash workflow/studies/cnndm/run.sh
 
