@@ -38,6 +38,7 @@ regeneration, for a code change that is meant to move the numbers).
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -69,6 +70,24 @@ def reference_run_dir(reference: Path, task: str, cell: str, seed: int) -> Path:
     return Path(reference) / "check" / task / cell / f"seed{seed}"
 
 
+def _run_files(study: Study, task: str, cell: str, seed: int) -> dict[str, Path]:
+    """The four files a run's check compares, where the train and evaluate stages wrote them."""
+    return {name: Path(output_path(stage, key, study=study.name, task=task, cell=cell, seed=seed))
+            for name, (stage, key) in FILES.items()}
+
+
+@contextlib.contextmanager
+def _side_by_side(files: dict[str, Path], folder: Path):
+    """The run's files copied side by side into `folder`, as in a reference directory; removed after."""
+    folder.mkdir(exist_ok=True)
+    try:
+        for name, path in files.items():
+            shutil.copyfile(path, folder / name)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def check_seed_spread(reference: Path, task: str, cell: str) -> tuple[dict[str, float], dict[str, float], list] | None:
     """(standard deviation, mean, seeds) of every figure over the check run's own seeds, if made."""
     path = Path(reference) / "check" / task / cell / SPREAD_FILE
@@ -82,20 +101,13 @@ def _write_check_spread(study: Study, reference: Path, task: str, cell: str) -> 
     """Write the spread of every figure over the check params' seeds (all must have run)."""
     by_seed = {}
     for seed in study.seeds:
-        files = {name: Path(output_path(stage, key, study=study.name, task=task, cell=cell, seed=seed))
-                 for name, (stage, key) in FILES.items()}
+        files = _run_files(study, task, cell, seed)
         missing = [str(p) for p in files.values() if not p.exists()]
         if missing:
             raise StageError(f"check-reference: {missing[0]} is missing: the spread over the check run's seeds "
                              f"needs seed {seed} trained and evaluated too")
-        staged = files["train_metrics.json"].parent / ".spread"
-        staged.mkdir(exist_ok=True)
-        try:
-            for name, path in files.items():
-                shutil.copyfile(path, staged / name)
+        with _side_by_side(files, files["train_metrics.json"].parent / ".spread") as staged:
             by_seed[seed] = _figures(staged)
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
     names = sorted(set.intersection(*(set(f) for f in by_seed.values())))
     std, mean = {}, {}
     for name in names:
@@ -243,8 +255,7 @@ def check_lr_matches(study: Study, reference: Path, task: str, cell: str) -> Non
 
 def run(study: Study, task: str, cell: str, seed: int, reference: str, make: bool = False) -> int:
     check_lr_matches(study, Path(reference), task, cell)
-    path_fields = dict(study=study.name, task=task, cell=cell, seed=seed)
-    run_files = {name: Path(output_path(stage, key, **path_fields)) for name, (stage, key) in FILES.items()}
+    run_files = _run_files(study, task, cell, seed)
     missing = [str(p) for p in run_files.values() if not p.exists()]
     if missing:
         raise StageError(f"check-reference: {missing[0]} is missing: run the train and evaluate stages of "
@@ -261,21 +272,14 @@ def run(study: Study, task: str, cell: str, seed: int, reference: str, make: boo
         return 0
     if not (ref_dir / "eval_metrics.json").exists():
         raise StageError(f"check-reference: no reference run in {ref_dir} (make one with --make)")
-    run_dir = Path(output_path("train", "metrics", **path_fields)).parent
-    staged = run_dir / ".check"  # the four files side by side, as in the reference directory
-    staged.mkdir(exist_ok=True)
-    for name, path in run_files.items():
-        shutil.copyfile(path, staged / name)
     own = check_seed_spread(Path(reference), task, cell)
     if own:
         std, mean, seeds = own
         spread_args = (std, mean, f"the check run's own seeds ({', '.join(map(str, seeds))})")
     else:
         spread_args = (*seed_spread(Path(reference), task, cell), "the reference study's seeds")
-    try:
+    with _side_by_side(run_files, run_files["train_metrics.json"].parent / ".check") as staged:
         passed, lines = compare(ref_dir, staged, *spread_args)
-    finally:
-        shutil.rmtree(staged, ignore_errors=True)
     print(f"{task}/{cell}/seed{seed} against {ref_dir}:")
     print("\n".join(lines))
     if not passed:
