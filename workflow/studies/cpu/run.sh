@@ -13,9 +13,9 @@
 # When the report is built, the products are copied into reports/reference/cpu/ (REFERENCE_OUT):
 # report.pdf/.tex, results/summary/significance/claims/references CSVs, the cost table, the exact
 # command, wall time and the `validate` estimate beside it, each cell's lr trials (lr_trials/),
-# versions, dvc.lock (hashes of every
-# output, `dvc commit` after the run) and the re-checked run's metrics files under check/ (what
-# `.ci/run` compares a fresh run of it against: pipeline_src/report/reference.py).
+# versions, dvc.lock (hashes of every output, `dvc commit` after the run) and the re-checked run's
+# metrics files under check/ (what `.ci/run` compares a fresh run of it against:
+# pipeline_src/report/reference.py).
 # CORES (default 2) sets --cores; --fresh deletes this study's previous outputs first.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
