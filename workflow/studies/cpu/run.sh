@@ -12,9 +12,10 @@
 #
 # When the report is built, the products are copied into reports/reference/cpu/ (REFERENCE_OUT):
 # report.pdf/.tex, results/summary/significance/claims/references CSVs, the cost table, the exact
-# command, wall time and the `validate` estimate beside it, versions, dvc.lock (hashes of every
-# output, `dvc commit` after the run) and the re-checked run's metrics files under check/ (what
-# `.ci/run` compares a fresh run of it against: pipeline_src/report/reference.py).
+# command, wall time and the `validate` estimate beside it, each cell's lr trials (lr_trials/),
+# versions, dvc.lock (hashes of every output, `dvc commit` after the run) and the re-checked run's
+# metrics files under check/ (what `.ci/run` compares a fresh run of it against:
+# pipeline_src/report/reference.py).
 # CORES (default 2) sets --cores; --fresh deletes this study's previous outputs first.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -74,6 +75,11 @@ for f in report.pdf report.tex results.csv summary.csv significance.csv claims.c
 done
 cp "reports/$NAME/tables/cost.tex" "$OUT/cost_table.tex"
 cp "$LOGS/validate.txt" "$OUT/validate.txt"
+# each cell's lr trials (the tune stage's records: every lr of the grid, the validation loss it reached)
+for record in data/"$NAME"/tune/*/*/tune.json; do
+  [[ -f $record ]] || continue
+  rel=${record#data/"$NAME"/tune/}; mkdir -p "$OUT/lr_trials/$(dirname "$rel")"; cp "$record" "$OUT/lr_trials/$rel"
+done
 echo "$CMD" > "$OUT/command.txt"
 read -r task cell seed <<<"$CHECK_RUN"
 if [[ "$CHECK_PARAMS" != "$PARAMS" ]]; then  # the shortened run CI re-makes: made here once (not timed)
