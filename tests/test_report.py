@@ -104,7 +104,9 @@ def _lm_eval_metrics(study, cell="baseline") -> dict:
                                        seed=study.seeds[0])).read_text())
 
 
-def test_report_states_how_perplexity_was_scored(in_root):
+def test_report_states_how_perplexity_was_scored(in_root, tmp_path):
+    import yaml
+
     from pipeline_src.report import build
 
     study = in_root["study"]
@@ -115,10 +117,18 @@ def test_report_states_how_perplexity_was_scored(in_root):
             "scores only the tokens no earlier window scored, so every token is scored once and, after the first "
             f"window, predicted from at least 65 preceding tokens; on the test set {lm_eval['lm_mean_context']:.1f} "
             "on average).") in text, text
-    cpu = load_study(Path(__file__).resolve().parent.parent / "workflow/studies/cpu/params.yaml")
-    assert build._lm_window_text(cpu, cpu.tasks["ptb"]) == ("Perplexity on ptb is scored with a sliding window of 128 "
-                                                            "tokens advanced by 128 (non-overlapping windows: a token "
-                                                            "is predicted from 1 to 128 preceding tokens).")
+    cpu_params = Path(__file__).resolve().parent.parent / "workflow/studies/cpu/params.yaml"
+    cpu = load_study(cpu_params)
+    assert build._lm_window_text(cpu, cpu.tasks["ptb"]).startswith(
+        "Perplexity on ptb is scored with a sliding window of 128 tokens advanced by 64 (each window")
+    # the same study with the stride at the window's length: non-overlapping windows, said so
+    params = yaml.safe_load(cpu_params.read_text())
+    params["tasks"]["ptb"].setdefault("eval", {})["lm_stride"] = 128
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    disjoint = load_study(tmp_path / "params.yaml")
+    assert build._lm_window_text(disjoint, disjoint.tasks["ptb"]) == (
+        "Perplexity on ptb is scored with a sliding window of 128 tokens advanced by 128 (non-overlapping windows: "
+        "a token is predicted from 1 to 128 preceding tokens).")
 
 
 def test_summarize_on_a_hand_made_table():
