@@ -12,7 +12,14 @@ reports.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# The tests run dvc a few hundred times; after each command DVC starts a process that imports DVC
+# again to send a usage report (about 1.5 s of CPU each). The test copies are not the user's
+# projects, so no report is sent from them.
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 # Seconds per file on two workers (AMD EPYC, 2 cores; a file marked slow and not listed counts
 # 30), for the order only: a wrong or missing figure changes how well the two workers are
@@ -30,6 +37,16 @@ def pytest_collection_modifyitems(items):
         guess = SLOW_FILE_SECONDS.get(name, 30.0 if item.get_closest_marker("slow") else 0.0)
         weight[name] = max(weight.get(name, 0.0), guess)
     items.sort(key=lambda item: -weight[item.path.name])  # stable: a file's tests keep their order
+
+
+def pytest_runtest_logreport(report):
+    """PIPELINE_TEST_TIMES=FILE: appends "test-file<TAB>phase<TAB>seconds" for every test phase, so that
+    SLOW_FILE_SECONDS can be re-measured (the sums per file). Written once, by the process that
+    collects the workers' reports."""
+    path = os.environ.get("PIPELINE_TEST_TIMES")
+    if path and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(path, "a") as f:
+            f.write(f"{report.nodeid.split('::')[0]}\t{report.when}\t{report.duration:.2f}\n")
 
 
 @pytest.fixture
