@@ -49,7 +49,7 @@ mirror: install
 	$(PRELOAD) dvc repro workflow/studies/mirror/dvc.yaml
 	@echo "report: $(CURDIR)/reports/mirror/report.pdf"
 
-# The reference CPU study: Multi30k and PTB in full, two one-thread jobs at a time (147 min on 2 cores);
+# The reference CPU study: Multi30k and PTB in full, two one-thread jobs at a time (189 min on 2 cores);
 # the same command continues a stopped run. Products -> reports/reference/cpu/.
 cpu-study: install
 	bash workflow/studies/cpu/run.sh
