@@ -76,10 +76,17 @@ done
 cp "reports/$NAME/tables/cost.tex" "$OUT/cost_table.tex"
 cp "$LOGS/validate.txt" "$OUT/validate.txt"
 # each cell's lr trials (the tune stage's records: every lr of the grid, the validation loss it reached)
-for record in data/"$NAME"/tune/*/*/tune.json; do
-  [[ -f $record ]] || continue
-  rel=${record#data/"$NAME"/tune/}; mkdir -p "$OUT/lr_trials/$(dirname "$rel")"; cp "$record" "$OUT/lr_trials/$rel"
-done
+python - "$PARAMS" "$OUT/lr_trials" <<'PY'
+import shutil, sys
+from pathlib import Path
+from pipeline_src.study.config import load_study
+from pipeline_src.study.stages import build_jobs, tune_record
+study = load_study(sys.argv[1])
+for job in (j for j in build_jobs(study) if j.stage == "tune"):
+    task, cell = job.wildcards["task"], job.wildcards["cell"]
+    (Path(sys.argv[2]) / task / cell).mkdir(parents=True, exist_ok=True)
+    shutil.copy(tune_record(study, task, cell), Path(sys.argv[2]) / task / cell / "tune.json")
+PY
 echo "$CMD" > "$OUT/command.txt"
 read -r task cell seed <<<"$CHECK_RUN"
 if [[ "$CHECK_PARAMS" != "$PARAMS" ]]; then  # the shortened run CI re-makes: made here once (not timed)
