@@ -2,7 +2,7 @@
 # A training job longer than its SLURM time limit finishes by itself, across several allocations,
 # through `snakemake --profile workflow/profiles/slurm` on a real SLURM cluster
 # (tests/cluster/slurm_up.sh), and ends with the metrics of the same training run locally:
-#   - the train job asks for 1 minute (--set-resources train:runtime=1) and needs ~55 s of
+#   - the train job asks for 1 minute (--set-resources train:runtime=1) and needs ~64 s of
 #     training (its step count is calibrated on this machine first), more than two allocations
 #     leave once 30 s are kept back (at most ~25 s of training each);
 #   - inside the job the stage reads the time left (squeue), saves its state before the limit
@@ -41,17 +41,26 @@ cd "$WORK/repo"
 export PYTHONPATH=$PWD
 mkdir -p "$(dirname "$PARAMS")"
 # The tiny study, one cell, d64. Its step count is set from this machine's speed so that the
-# training takes about 55 s: a 1-minute allocation leaves 20-25 s of it (30 s are kept back for
+# training takes about 64 s. A 1-minute allocation leaves 17-25 s of it (30 s are kept back for
 # the save, and the job's start-up and the last step's safety margin come off too), so two
-# allocations (at most ~49 s) are too few and three (at least ~60 s) are enough: the check needs >= 3
-# allocations and usually gets exactly 3. At 80 s it needed 4 (about 300 s instead of 190 s). The
-# calibration trains 1,500 steps, so start-up costs hardly count (a 300-step one counted them,
-# made the real run faster than predicted, and 60 s then fitted in 2 allocations).
-study() {  # study NAME MAX_STEPS -> params file on stdout
-  python - "$1" "$2" <<'PY'
+# allocations (at most ~50 s) are too few; three or four are needed. The step count errs long:
+# one allocation too many costs ~50 s, one too few fails the check. What it must absorb is the
+# calibration misjudging the speed of the real run, which it does both ways by up to a quarter:
+# measured on one 2-core machine, calibrated 72 steps/s then ran at 61 (calibrated alone; the
+# local reference run shares the machine in the real phase, and two cores may be one core's two
+# hardware threads), 88 at 84 and 67 at 79 (calibrated two at once); on a shared 2-core runner
+# with 7 % steal, 55 s at a calibrated 50 steps/s fitted in two allocations, so >= 1.24x. So the
+# calibration trains two runs at once, as the real phase does (the SLURM job beside the local run),
+# over 1,500 steps each, so that start-up costs hardly count; the faster of the two sets the speed.
+# ~64 s at that speed needs three allocations if the real run is up to ~1.4x faster, and four if it
+# is more than ~5 % slower.
+study() {  # study NAME MAX_STEPS [SEEDS] -> params file on stdout
+  python - "$@" <<'PY'
 import sys, yaml
 p = yaml.safe_load(open("tests/fixtures/params/valid_tiny.yaml"))
 p["study"] = sys.argv[1]
+if len(sys.argv) > 3:
+    p["seeds"] = list(range(int(sys.argv[3])))
 task = p["tasks"]["reorder"]
 task["cells"] = ["baseline"]
 task["model"].update(d_model=64, d_ff=256)
@@ -60,16 +69,21 @@ task["train"].update(max_steps=steps, eval_every=max(1, steps // 5), log_every=5
 print(yaml.safe_dump(p))
 PY
 }
-study calibrate 1500 >"$WORK/calibrate.yaml"
+study calibrate 1500 2 >"$WORK/calibrate.yaml"
 # (its stages fork from the start-up server: the training loop's speed is the same, the imports are saved)
 python -m pipeline_src preload bash -c 'for stage in "download --dataset tiny_reorder" "filter --task reorder" \
-    "bpe --task reorder" "train --task reorder --cell baseline --seed 0"; do
+    "bpe --task reorder"; do
   python -m pipeline_src $stage --params "$0" >/dev/null || exit 1
-done' "$WORK/calibrate.yaml"
-steps=$(python -c "import json; w = json.load(open('data/calibrate/runs/reorder/baseline/seed0/cost.json'))['wall_s']
-print(max(1000, round(1500 / w * 55 / 100) * 100))")
+done
+python -m pipeline_src train --task reorder --cell baseline --seed 0 --params "$0" >/dev/null & first=$!
+python -m pipeline_src train --task reorder --cell baseline --seed 1 --params "$0" >/dev/null || exit 1
+wait $first' "$WORK/calibrate.yaml"
+read -r rate steps < <(python -c "import json
+walls = [json.load(open(f'data/calibrate/runs/reorder/baseline/seed{s}/cost.json'))['wall_s'] for s in (0, 1)]
+rate = 1500 / min(walls)
+print(round(rate), max(1000, round(rate * 64 / 100) * 100))")
 rm -rf data/calibrate
-say "this machine trains the cell at $((steps / 55)) steps/s: $steps steps, about 55 s"
+say "this machine trains the cell at $rate steps/s (the faster of two runs at once): $steps steps, about 64 s"
 study requeue "$steps" >"$PARAMS"
 git init -q && git add -A && git -c user.name=ci -c user.email=ci@localhost commit -qm "scratch copy"
 
@@ -101,8 +115,16 @@ snakemake --profile workflow/profiles/slurm --config "params=$PARAMS" --slurm-in
 job=$(grep -oE "submitted with SLURM jobid [0-9]+" "$WORK/slurm.log" | tail -1 | grep -oE "[0-9]+$")  # the cell's
 restarts=$(scontrol show job "$job" 2>/dev/null | grep -oE "Restarts=[0-9]+" | cut -d= -f2)
 [ -n "$restarts" ] || fail "SLURM no longer knows job $job"
-[ "$restarts" -ge 2 ] || fail "job $job was restarted $restarts times; expected >= 2 (>= 3 allocations)"
 stops=$(python -c "import json; print(len(json.load(open('$RUN/cost.json'))['stops']))")
+if [ "$restarts" -lt 2 ]; then  # say whether the calibration or the stage is to blame
+  python - "$RUN/cost.json" "$steps" "$rate" <<'PY' >&2
+import json, sys
+cost, steps, rate = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
+print(f"the run stopped at steps {[s['step'] for s in cost['stops']]} of {steps}; it trained at "
+      f"{steps / cost['wall_s']:.0f} steps/s, calibrated at {rate}")
+PY
+  fail "job $job was restarted $restarts times; expected >= 2 (>= 3 allocations)"
+fi
 [ "$stops" = "$restarts" ] || fail "cost.json lists $stops stops, SLURM restarted the job $restarts times"
 grep -q "the job's time is nearly up" "$RUN/cost.json" || fail "cost.json does not say why the run stopped"
 echo "  job $job: $((restarts + 1)) allocations of 1 minute, $stops saved stops, $((SECONDS - t0)) s in all"
