@@ -43,17 +43,12 @@ mkdir -p "$(dirname "$PARAMS")"
 # The tiny study, one cell, d64. Its step count is set from this machine's speed so that the
 # training takes about 64 s. A 1-minute allocation leaves 17-25 s of it (30 s are kept back for
 # the save, and the job's start-up and the last step's safety margin come off too), so two
-# allocations (at most ~50 s) are too few; three or four are needed. The step count errs long:
-# one allocation too many costs ~50 s, one too few fails the check. What it must absorb is the
-# calibration misjudging the speed of the real run, which it does both ways by up to a quarter:
-# measured on one 2-core machine, calibrated 72 steps/s then ran at 61 (calibrated alone; the
-# local reference run shares the machine in the real phase, and two cores may be one core's two
-# hardware threads), 88 at 84 and 67 at 79 (calibrated two at once); on a shared 2-core runner
-# with 7 % steal, 55 s at a calibrated 50 steps/s fitted in two allocations, so >= 1.24x. So the
-# calibration trains two runs at once, as the real phase does (the SLURM job beside the local run),
-# over 1,500 steps each, so that start-up costs hardly count; the faster of the two sets the speed.
-# ~64 s at that speed needs three allocations if the real run is up to ~1.4x faster, and four if it
-# is more than ~5 % slower.
+# allocations (at most ~50 s) are too few; three or four are needed. The calibration misjudges
+# the real run's speed both ways, by up to a quarter (docs/ci-history.md), so the step count errs
+# long: one allocation too many costs ~50 s, one too few fails the check. ~64 s needs three
+# allocations if the real run is up to ~1.4x faster than calibrated, four if it is ~5 % slower.
+# The calibration trains two runs at once, as the real phase does (the SLURM job beside the local
+# run), over 1,500 steps each so that start-up costs hardly count; the faster sets the speed.
 study() {  # study NAME MAX_STEPS [SEEDS] -> params file on stdout
   python - "$@" <<'PY'
 import sys, yaml
