@@ -8,6 +8,9 @@
 #   4. the metrics equal, byte for byte, those of the same study run locally (`--cores 2`).
 # Leaves the scratch repository with the finished study in $CLUSTER_WORK/repo (for
 # check_dvc_remote.sh). Needs SLURM_CONF (or /etc/slurm/slurm.conf) and the venv on PATH.
+# CLUSTER_COPY_READY=FILE: touches FILE once the scratch copy is made, so that a caller running this
+# in the background can wait for it before it changes the working tree (a study writing its
+# tracked dvc.lock while it is copied would leave a half-written one in the copy).
 set -euo pipefail
 # A command that fails names itself and its line (set -e alone would end the script silently).
 trap 'echo "FAIL: $0 line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
@@ -36,6 +39,7 @@ params["tasks"]["reorder"]["train"].update(max_steps=80, lr=1.0e-2, warmup_steps
 open(path, "w").write(yaml.safe_dump(params, sort_keys=False))
 PY
 git init -q && git add -A && git -c user.name=ci -c user.email=ci@localhost commit -qm "scratch copy"
+[[ -z ${CLUSTER_COPY_READY:-} ]] || touch "$CLUSTER_COPY_READY"
 export PYTHONPATH=$PWD
 
 metrics() { find data/$STUDY/runs data/$STUDY/eval -type f \( -name '*_metrics.json' -o -path '*/outputs/*' \) | sort; }
