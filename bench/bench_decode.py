@@ -32,7 +32,7 @@ import torch
 
 from pipeline_src.data.tokens import BOS, EOS, PAD
 from pipeline_src.model import ModelConfig, Transformer, beam_search, greedy_decode
-from pipeline_src.model.static_decode import beam_search_static
+from pipeline_src.evaluate.static_decode import beam_search_static
 
 TARGET = 4.0
 FULL = dict(d_model=256, n_heads=4, enc_layers=3, dec_layers=3, d_ff=1024)

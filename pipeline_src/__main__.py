@@ -147,7 +147,7 @@ def _run(args, study) -> int | None:
         from .data.bpe import run
         return run(study, args.task, args.filter_variant, args.bpe_variant)
     if stage == "tune":
-        from .train.tune import run
+        from .tune.lr_trials import run
         return run(study, args.task, args.cell)
     if stage == "train":
         from .train.trainer import run

@@ -7,7 +7,7 @@ import torch
 from pipeline_src.model import ModelConfig, Transformer, beam_search, greedy_decode
 from pipeline_src.model.copy import CopyAttention
 from pipeline_src.model.decode import beam_search_nbest
-from pipeline_src.model.static_decode import beam_search_static
+from pipeline_src.evaluate.static_decode import beam_search_static
 
 V = 40
 

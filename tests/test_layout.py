@@ -25,15 +25,15 @@ def import_graph() -> dict[str, set[str]]:
 # may span layers; a package whose __init__ imports nothing sits in the lowest one.
 LAYERS = {
     "foundation": {"common", "study", "study.imports", "study.config", "study.claims_config", "study.paths",
-                   "runtime", "runtime.allocator", "runtime.machine", "train", "evaluate", "node"},
+                   "runtime", "runtime.allocator", "runtime.machine", "train", "tune", "evaluate", "node"},
     "building blocks": {"data", "data.demo", "data.download", "data.filter", "data.tokens", "data.bpe", "model",
                         "model.accounting", "model.attention", "model.checkpoint", "model.config", "model.copy",
-                        "model.decode", "model.layers", "model.positions", "model.static_decode",
+                        "model.decode", "model.layers", "model.positions", "evaluate.static_decode",
                         "model.transformer", "evaluate.metrics", "train.batching", "train.compiling", "train.optim",
                         "train.precision", "train.preemption", "train.live_log", "train.step_meter", "train.state",
                         "train.outputs", "study.convergence", "study.screening", "study.seed_plan",
                         "runtime.gpu_slots"},
-    "training and evaluation stages": {"train.trainer", "train.tune", "evaluate.evaluator"},
+    "training and evaluation stages": {"train.trainer", "tune.lr_trials", "evaluate.evaluator"},
     "report stages": {"report", "report.aggregate", "report.build", "report.claims", "report.figures",
                       "report.plan", "report.promote", "report.stats", "report.tables", "report.views",
                       "report.exp_show", "report.reference"},

@@ -16,7 +16,7 @@ import torch.nn as nn
 from pipeline_src.model import (ModelConfig, Transformer, beam_search, count_parameters,
                                 flops_per_token, greedy_decode)
 from pipeline_src.model.attention import MultiHeadAttention, scaled_dot_product_attention
-from pipeline_src.model.decode import _DecodeState, _length_limits, beam_search_nbest
+from pipeline_src.model.decode import _DecodeState, length_limits, beam_search_nbest
 from pipeline_src.model.layers import DecoderLayer, EncoderLayer
 from pipeline_src.model.positions import RotaryEmbedding
 
@@ -399,11 +399,11 @@ def test_length_limit_rule():
     src = padded([[5] * 10, [6] * 3])
     model = make("decoder_only", max_len=16)
     # floor(a * src_len + b), counting the non-pad source tokens
-    assert _length_limits(model, src, None, 0.5, 1).tolist() == [6, 2]
-    assert _length_limits(model, src, 4, 0.5, 1).tolist() == [4, 4]
+    assert length_limits(model, src, None, 0.5, 1).tolist() == [6, 2]
+    assert length_limits(model, src, 4, 0.5, 1).tolist() == [4, 4]
     # a position table of 16 leaves room for 16 - 10 = 6 tokens after a 10-token source and bos
-    assert _length_limits(model, src, 50, 0.5, 1).tolist() == [6, 13]
-    assert _length_limits(make("decoder_only", pos_encoding="rope", max_len=16), src, 50, 0, 0).tolist() == [50, 50]
+    assert length_limits(model, src, 50, 0.5, 1).tolist() == [6, 13]
+    assert length_limits(make("decoder_only", pos_encoding="rope", max_len=16), src, 50, 0, 0).tolist() == [50, 50]
     for arch in CAUSAL_ARCHS:
         model = make(arch)
         out = beam_search(model, src, beam_size=2, max_len_a=0.5, max_len_b=1)
@@ -779,7 +779,7 @@ def test_static_shape_beam_search_finds_the_same_hypotheses(arch, pos_encoding, 
     """The GPU decoder (static shapes, fixed-capacity cache, on-device bookkeeping) returns what
     decode.beam_search returns: trained models, random and padded sources, beams 1 to 4,
     sentences finishing at different steps, the length limit reached by some."""
-    from pipeline_src.model.static_decode import beam_search_static
+    from pipeline_src.evaluate.static_decode import beam_search_static
 
     model = trained(arch) if pos_encoding == "sinusoidal" else make(arch, pos_encoding=pos_encoding).eval()
     g = torch.Generator().manual_seed(11)

@@ -27,7 +27,7 @@ from ..common import StageError, atomic_dir, atomic_write_json, progress, proven
 from ..data.tokens import EOS, PAD, load_spm
 from ..model import beam_search
 from ..model.checkpoint import load_trained_model
-from ..model.static_decode import beam_search_static
+from .static_decode import beam_search_static
 from ..runtime.gpu_slots import select_device
 from ..study import screening, seed_plan
 from ..study.config import Study

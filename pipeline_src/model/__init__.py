@@ -6,8 +6,7 @@
     layers.py       feed-forward, encoder and decoder layers and stacks
     transformer.py  the model: encoder_decoder, decoder_only or encoder_only
     copy.py         copy attention: the pointer-generator output layer (summaries)
-    decode.py       greedy and beam-search decoding
-    static_decode.py  the same beam search in static shapes (GPU; CUDA graphs)
+    decode.py       greedy and beam-search decoding (in static shapes for the GPU: evaluate/static_decode.py)
     accounting.py   parameter and FLOP counts
 """
 from .accounting import batch_training_flops, count_parameters, flops_per_token

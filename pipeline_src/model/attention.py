@@ -91,7 +91,7 @@ def append_kv(cache: dict, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     positions, so a decoding step writes T positions instead of copying the whole past with a
     torch.cat (one reallocation every 32 steps). cache["k"]/["v"] are the filled part, cache["n"] its length.
 
-    A static cache (static_decode.py: "capacity" and "write_at" set) never changes shape: its
+    A static cache (evaluate/static_decode.py: "capacity" and "write_at" set) never changes shape: its
     zero-initialised buffers hold `capacity` positions, this call's K/V go to the positions in
     the device tensor write_at, and the whole buffers are returned (the mask hides unused slots)."""
     if "write_at" in cache:

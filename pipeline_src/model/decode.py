@@ -107,7 +107,7 @@ class _DecodeState:
                 reorder_kv(part, rows)
 
 
-def _length_limits(model: Transformer, src: Tensor, max_len: int | None, max_len_a: float,
+def length_limits(model: Transformer, src: Tensor, max_len: int | None, max_len_a: float,
                    max_len_b: int) -> Tensor:
     """(B,) long: the most target tokens each sentence may generate (eos not counted)."""
     cfg = model.cfg
@@ -141,7 +141,7 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, use_cache: bool
     model.eval()
     try:
         eos = model.cfg.eos_id
-        limits = _length_limits(model, src, max_len, 0.0, 0)
+        limits = length_limits(model, src, max_len, 0.0, 0)
         state = _DecodeState(model, src, use_cache, no_repeat_ngram)
         done = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
         for t in range(int(limits.max()) if src.size(0) else 0):
@@ -157,7 +157,7 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int, use_cache: bool
         model.train(was_training)
 
 
-def _length_penalty(length: int, alpha: float) -> float:
+def gnmt_length_penalty(length: int, alpha: float) -> float:
     """GNMT (Wu et al. 2016, Eq. 14): lp(Y) = ((5 + |Y|) / 6) ** alpha."""
     return ((5.0 + length) / 6.0) ** alpha
 
@@ -191,7 +191,7 @@ def beam_search_nbest(model: Transformer, src: Tensor, beam_size: int = 4, lengt
     try:
         eos, K, device = model.cfg.eos_id, beam_size, src.device
         B = src.size(0)
-        limits = _length_limits(model, src, max_len, max_len_a, max_len_b).tolist()
+        limits = length_limits(model, src, max_len, max_len_a, max_len_b).tolist()
         state = _DecodeState(model, src, use_cache, no_repeat_ngram)
         state.reorder(torch.arange(B, device=device).repeat_interleave(K))      # row b*K + k
         # Only beam 0 starts alive, so the K identical initial beams do not fill the beam.
@@ -201,7 +201,7 @@ def beam_search_nbest(model: Transformer, src: Tensor, beam_size: int = 4, lengt
         finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
 
         def finish(b: int, hyp: list[int], score: float, length: int) -> None:
-            finished[b].append((score / _length_penalty(length, length_penalty), hyp))
+            finished[b].append((score / gnmt_length_penalty(length, length_penalty), hyp))
 
         t = 0
         while active:

@@ -151,7 +151,7 @@ class Transformer(nn.Module):
     def decode_static(self, ids: Tensor, positions: Tensor, self_mask: Tensor, memory: Tensor | None,
                       cross_mask: Tensor | None, cache: list[dict]) -> Tensor:
         """Logits (N, T, V) of new tokens ids (N, T) at `positions`, against a static cache
-        (static_decode.py) that the call writes at its write_at slots; self_mask (N, 1, T, L)
+        (evaluate/static_decode.py) that the call writes at its write_at slots; self_mask (N, 1, T, L)
         additive over all L cache slots. Everything is given, nothing inferred from the ids, so
         every decoding step has the same shapes (what a CUDA graph needs)."""
         if self.copy is not None:

@@ -108,7 +108,7 @@ class EvalConfig:
     # summaries); 0: off. Decoded on the host (the static beam search does not implement it).
     no_repeat_ngram: int = 0
     # Beam search implementation (same hypotheses): host = decode.beam_search, which drops finished
-    # sentences (best on a CPU); static = static_decode (fixed shapes, no host reads per step);
+    # sentences (best on a CPU); static = evaluate/static_decode.py (fixed shapes, no host reads per step);
     # graphs = static with the decoder step replayed as a CUDA graph (CUDA only, else static);
     # auto = host (static and graphs are tested on CPU but not yet measured on a GPU).
     decoding: str = "auto"

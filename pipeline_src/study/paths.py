@@ -19,7 +19,7 @@ OUTPUTS: dict[str, dict[str, str]] = {
     # share them.
     "filter": {"filtered": "data/{study}/filtered/{task}/{filter_variant}"},
     "bpe": {"bpe": "data/{study}/bpe/{task}/{filter_variant}/{bpe_variant}"},
-    # A cell's peak lr chosen on validation before its runs (cells with train.lr_grid; train/tune.py).
+    # A cell's peak lr chosen on validation before its runs (cells with train.lr_grid; tune/lr_trials.py).
     "tune": {"tune": "data/{study}/tune/{task}/{cell}"},
     "train": {
         "ckpt": "data/{study}/runs/{task}/{cell}/seed{seed}/ckpt",
@@ -78,7 +78,7 @@ def tune_path(study: Study, task: str, cell: str) -> str:
 
 
 def tune_record(study: Study, task: str, cell: str) -> Path:
-    """The tune stage's record of a cell: its lr grid, every trial and the lr chosen (train/tune.py)."""
+    """The tune stage's record of a cell: its lr grid, every trial and the lr chosen (tune/lr_trials.py)."""
     return Path(tune_path(study, task, cell)) / "tune.json"
 
 

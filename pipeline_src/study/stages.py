@@ -26,7 +26,7 @@ from .paths import (DIRECTORIES, METRICS, OUTPUTS, PLOTS, SCRATCH, data_paths, o
 # change) while DVC hashes its content.
 ENTRIES = {
     "download": "pipeline_src.data.download", "filter": "pipeline_src.data.filter", "bpe": "pipeline_src.data.bpe",
-    "tune": "pipeline_src.train.tune", "train": "pipeline_src.train.trainer",
+    "tune": "pipeline_src.tune.lr_trials", "train": "pipeline_src.train.trainer",
     "evaluate": "pipeline_src.evaluate.evaluator",
     "promote": "pipeline_src.report.promote", "plan": "pipeline_src.report.plan",
     "aggregate": "pipeline_src.report.aggregate", "figures": "pipeline_src.report.figures",
@@ -44,11 +44,21 @@ def _expand(pattern: str) -> list[str]:
 
 CODE = {stage: closure_files(entry) + [f for pat in RESOURCES.get(stage, []) for f in _expand(pat)]
         for stage, entry in ENTRIES.items()}
-# Code folders that DVC lists whole where a stage runs all of their files: the model's ten modules
-# are one entry of dvc.lock instead of ten, and DVC rewrites the whole lock file after every stage
-# (for a study of hundreds of stages, most of what `dvc repro` itself spends). Bytecode is not
+
+
+def _code_files(folder: Path) -> set[str]:
+    return {p.relative_to(ROOT).as_posix() for p in folder.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+# Code folders that DVC lists whole where a stage runs all of their files (the package is laid out
+# so that the training stages run whole folders: model/, train/, ...): one entry of dvc.lock
+# instead of one per file. DVC rewrites the whole lock file after every stage, and the code
+# files were most of its entries (for a study of hundreds of stages, that rewriting is most of
+# what `dvc repro` itself spends). A folder's files include its subfolders'; bytecode is not
 # hashed (.dvcignore).
-CODE_FOLDERS = {folder: set(_expand(f"{folder}/*")) for folder in ("pipeline_src/model",)}
+CODE_FOLDERS = {folder.relative_to(ROOT).as_posix(): _code_files(folder)
+                for folder in sorted((ROOT / "pipeline_src").glob("*/")) if folder.name != "__pycache__"}
 STAGE_ORDER = list(CODE)
 GPU_STAGES = {"tune", "train", "evaluate"}
 
@@ -156,7 +166,7 @@ def folder_deps(study: Study, jobs: list[Job]) -> list[Job]:
         out = [folder[d] if uses[folder.get(d)] >= 2 and folder.get(d) else d for d in job.deps]
         code = set(job.deps)
         for code_folder, files in CODE_FOLDERS.items():
-            if files <= code:
+            if len(files) >= 2 and files <= code:
                 out = [code_folder if d in files else d for d in out]
         return tuple(dict.fromkeys(out))
 

@@ -1,7 +1,6 @@
-"""Training: stages `train` and `tune`, and what a training step is made of.
+"""Training: stage `train`, and what a training step is made of.
 
     trainer.py      stage `train`: one task x cell x seed (the Trainer and its loop)
-    tune.py         stage `tune`: a cell's peak learning rate, chosen on validation
     batching.py     encoded splits -> padded token-budget batches (evaluation reads them too)
     compiling.py    torch.compile for the training step; the token loss
     optim.py        AdamW (fused on CUDA)

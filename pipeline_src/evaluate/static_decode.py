@@ -1,6 +1,6 @@
-"""Beam search in static shapes, for the GPU: same result as decode.beam_search.
+"""Beam search in static shapes, for the GPU: same result as model.decode.beam_search.
 
-decode.beam_search follows each sentence on the host: it drops finished sentences, grows the
+model.decode.beam_search follows each sentence on the host: it drops finished sentences, grows the
 key/value cache, and reads the step's finished hypotheses back every step. On a GPU that makes
 decoding launch- and sync-bound (bench/results/h100/decode_b64.md: the cache barely helps). Here
 every step has the same shapes and stays on the device:
@@ -8,14 +8,14 @@ every step has the same shapes and stays on the device:
   * rows: B sentences x K beams, all kept to the end; a finished sentence's rows keep computing
     and are ignored (its `done` flag masks every update);
   * the cache: fixed capacity L = prefix + longest length limit, written in place at the step's
-    slot (attention.append_kv's static mode); a key mask over all L slots hides the unwritten ones;
+    slot (model.attention.append_kv's static mode); a key mask over all L slots hides the unwritten ones;
   * bookkeeping: only each sentence's best hypothesis so far is kept (its normalised score,
     tokens and length), updated with tensor ops; the host looks at `done` every 8 steps only.
 
 With cuda_graphs=True the decoder step (embedding, every layer, output projection, log-softmax)
 is captured once as a CUDA graph and replayed: one launch per step instead of hundreds.
 
-Ties and order follow decode.beam_search_nbest exactly (a later hypothesis replaces the best only
+Ties and order follow model.decode.beam_search_nbest exactly (a later hypothesis replaces the best only
 with a strictly higher score; within a step the lower candidate index wins), so the two agree
 token for token up to floating-point rounding: attention here sums over all L slots, the
 dynamic version over the filled ones (tests/test_model.py compares them).
@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .attention import additive_mask, compute_dtype
-from .decode import _length_limits, _length_penalty
-from .positions import positions_from_mask
-from .transformer import Transformer
+from ..model.attention import additive_mask, compute_dtype
+from ..model.decode import gnmt_length_penalty, length_limits
+from ..model.positions import positions_from_mask
+from ..model.transformer import Transformer
 
 CHECK_EVERY = 8  # steps between host reads of "are all sentences done?"
 
@@ -99,10 +99,10 @@ def _reorder_rows(cache: list[dict], gen: Tensor, rows: Tensor) -> None:
 def beam_search_static(model: Transformer, src: Tensor, beam_size: int = 4, length_penalty: float = 0.6,
                        max_len: int | None = None, max_len_a: float = 1.2, max_len_b: int = 10,
                        cuda_graphs: bool = False) -> list[list[int]]:
-    """The best hypothesis per sentence, as decode.beam_search (encoder_decoder and decoder_only)."""
+    """The best hypothesis per sentence, as model.decode.beam_search (encoder_decoder and decoder_only)."""
     cfg = model.cfg
     if cfg.arch == "encoder_only":
-        raise ValueError("beam_search_static: encoder_only has no causal decoder (use decode.beam_search)")
+        raise ValueError("beam_search_static: encoder_only has no causal decoder (use model.decode.beam_search)")
     if beam_size < 1:
         raise ValueError(f"beam_size ({beam_size}) must be >= 1")
     was_training = model.training
@@ -158,7 +158,7 @@ def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) ->
     cfg, device, B = model.cfg, src.device, src.size(0)
     if B == 0:
         return []
-    limits = _length_limits(model, src, max_len, max_len_a, max_len_b)           # (B,)
+    limits = length_limits(model, src, max_len, max_len_a, max_len_b)           # (B,)
     T_max = int(limits.max())                                                    # the one sync up front
     N = B * K
     cache, step, log_probs, n_prefix, P = _prefill(model, src, K, T_max, cuda_graphs)
@@ -191,7 +191,7 @@ def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) ->
         # Sentences at their length limit finish their live beams as they are (length t).
         at_limit = ~done & (limits <= t)
         live = at_limit[:, None] & scores.isfinite()
-        offer(torch.where(live, scores.double() / _length_penalty(t, alpha), neg_inf), beams, t, at_limit)
+        offer(torch.where(live, scores.double() / gnmt_length_penalty(t, alpha), neg_inf), beams, t, at_limit)
         n_finished += live.sum(dim=1)
         done |= at_limit | (n_finished >= K)
         if t == T_max or (t % CHECK_EVERY == 0 and bool(done.all())):
@@ -202,7 +202,7 @@ def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) ->
         ends = token == cfg.eos_id
         # Candidates ending in eos within the top K finish (length t + 1 with the eos).
         hits = ends[:, :K] & top_scores[:, :K].isfinite() & ~done[:, None]
-        offer(torch.where(hits, top_scores[:, :K].double() / _length_penalty(t + 1, alpha), neg_inf),
+        offer(torch.where(hits, top_scores[:, :K].double() / gnmt_length_penalty(t + 1, alpha), neg_inf),
               origin[:, :K], t, ~done)
         n_finished += hits.sum(dim=1)
         # The best K candidates not ending in eos live on (each beam adds at most one eos).

@@ -21,8 +21,8 @@ from pathlib import Path
 from ..common import StageError, atomic_dir, atomic_write_json
 from ..study.config import Study
 from ..study.paths import SCRATCH, tune_record
-from .live_log import log_tsv
-from .trainer import NonFiniteLoss, Trainer
+from ..train.live_log import log_tsv
+from ..train.trainer import NonFiniteLoss, Trainer
 
 
 def _rate_name(lr: float) -> str:
