@@ -158,7 +158,7 @@ def _search(model, src, K, alpha, max_len, max_len_a, max_len_b, cuda_graphs) ->
     cfg, device, B = model.cfg, src.device, src.size(0)
     if B == 0:
         return []
-    limits = length_limits(model, src, max_len, max_len_a, max_len_b)           # (B,)
+    limits = length_limits(model, src, max_len, max_len_a, max_len_b)            # (B,)
     T_max = int(limits.max())                                                    # the one sync up front
     N = B * K
     cache, step, log_probs, n_prefix, P = _prefill(model, src, K, T_max, cuda_graphs)

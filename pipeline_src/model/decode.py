@@ -108,7 +108,7 @@ class _DecodeState:
 
 
 def length_limits(model: Transformer, src: Tensor, max_len: int | None, max_len_a: float,
-                   max_len_b: int) -> Tensor:
+                  max_len_b: int) -> Tensor:
     """(B,) long: the most target tokens each sentence may generate (eos not counted)."""
     cfg = model.cfg
     src_len = (src != cfg.pad_id).sum(dim=1)

@@ -44,20 +44,14 @@ def _expand(pattern: str) -> list[str]:
 
 CODE = {stage: closure_files(entry) + [f for pat in RESOURCES.get(stage, []) for f in _expand(pat)]
         for stage, entry in ENTRIES.items()}
-
-
-def _code_files(folder: Path) -> set[str]:
-    return {p.relative_to(ROOT).as_posix() for p in folder.rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts}
-
-
 # Code folders that DVC lists whole where a stage runs all of their files (the package is laid out
 # so that the training stages run whole folders: model/, train/, ...): one entry of dvc.lock
 # instead of one per file. DVC rewrites the whole lock file after every stage, and the code
 # files were most of its entries (for a study of hundreds of stages, that rewriting is most of
 # what `dvc repro` itself spends). A folder's files include its subfolders'; bytecode is not
 # hashed (.dvcignore).
-CODE_FOLDERS = {folder.relative_to(ROOT).as_posix(): _code_files(folder)
+CODE_FOLDERS = {folder.relative_to(ROOT).as_posix(): {f for f in _expand(f"{folder.relative_to(ROOT)}/**/*")
+                                                       if "/__pycache__/" not in f}
                 for folder in sorted((ROOT / "pipeline_src").glob("*/")) if folder.name != "__pycache__"}
 STAGE_ORDER = list(CODE)
 GPU_STAGES = {"tune", "train", "evaluate"}
@@ -166,7 +160,7 @@ def folder_deps(study: Study, jobs: list[Job]) -> list[Job]:
         out = [folder[d] if uses[folder.get(d)] >= 2 and folder.get(d) else d for d in job.deps]
         code = set(job.deps)
         for code_folder, files in CODE_FOLDERS.items():
-            if len(files) >= 2 and files <= code:
+            if files <= code:
                 out = [code_folder if d in files else d for d in out]
         return tuple(dict.fromkeys(out))
 
