@@ -20,6 +20,7 @@ rule all:
     default_target: True
 
 
+include: "workflow/rules/code.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"

@@ -2,7 +2,8 @@
 
 In a throw-away copy of the repository (code, rules, schema only) this writes a study grid
 params file built from the demo's `reorder` task (--cells cells x --seeds seeds: 12 x 4 gives
-48 train + 48 evaluate + download/filter/bpe/aggregate/figures/tables/report = 103 jobs), generates its
+48 train + 48 evaluate + download/filter/bpe/aggregate/figures/tables/claims/report, and a code record
+per stage kind), generates its
 dvc.yaml with `python -m pipeline_src dvc-yaml`, and times, median of --reps runs each:
 
   plan, nothing built   `snakemake -n` (whole DAG scheduled)        target <= 3 s

@@ -29,6 +29,7 @@ def _parser() -> argparse.ArgumentParser:
         return sp
 
     stage("validate", "validate the params file and print a summary of the study")
+    stage("code", "record the hashes of the code files a stage kind runs, which its jobs depend on", "kind")
     stage("download", "load a dataset from the Hub or the offline mirror (or generate demo data)", "dataset")
     stage("filter", "apply a task's length/ratio/dedup/sampling filters (one filter variant)", "task", "filter_variant")
     stage("bpe", "train a task's SentencePiece tokenizer (one data variant) and encode its splits",
@@ -137,6 +138,9 @@ def _run(args, study) -> int | None:
             print("cells matched in parameters (params_match):\n" + "\n".join(matched))
         print(summary(study))
         return 0
+    if stage == "code":
+        from .study.code_manifest import run
+        return run(study, args.kind)
     if stage == "download":
         from .data.download import run
         return run(study, args.dataset)

@@ -1,5 +1,6 @@
 """A stage's code dependencies are the code it runs: the import closure of its entry module
-(pipeline_src/study/imports.py), listed for every job of every study, so that an edited module reruns
+(pipeline_src/study/imports.py), listed for every stage kind of every study (its code job, which
+records their hashes and which every job of the kind depends on), so that an edited module reruns
 exactly the stages that run it."""
 from pathlib import Path
 
@@ -43,15 +44,44 @@ def _code(deps) -> set[str]:
 def test_every_job_lists_the_code_it_runs_closed_under_imports(params, monkeypatch):
     monkeypatch.chdir(ROOT)
     study = load_study(params)
+    jobs = stages.build_jobs(study)
+    code_jobs = {j.wildcards["kind"]: j for j in jobs if j.stage == "code"}
     checked = set()
-    for job in stages.build_jobs(study):
+    for job in jobs:
+        if job.stage == "code":
+            continue
+        # the job depends on its kind's code record, and on no code file itself
+        manifest = stages.code_manifest_path(study, job.stage)
+        assert manifest in job.deps and manifest in job.dvc_deps, (params, job.stage, job.key)
+        assert not _code(job.deps) and not _code(job.dvc_deps), (params, job.stage, job.key)
+        # ... which depends on the closure of the kind's entry module
         entry = imports.modules()[stages.ENTRIES[job.stage]].relative_to(ROOT).as_posix()
-        for view, deps in (("snakemake", job.deps), ("dvc", job.dvc_deps)):
+        code_job = code_jobs[job.stage]
+        assert code_job.outs == {"manifest": manifest}
+        for view, deps in (("snakemake", code_job.deps), ("dvc", code_job.dvc_deps)):
             code = _code(deps)
             assert entry in code, (params, job.stage, view)
             assert unlisted_imports(code) == [], (params, job.stage, job.key, view)
         checked.add(job.stage)
     assert {"download", "filter", "bpe", "train", "evaluate", "aggregate", "report"} <= checked
+    assert set(code_jobs) == checked, (params, set(code_jobs) - checked)  # a record for every kind run, no other
+
+
+def test_a_code_record_holds_the_hash_of_each_file_its_kind_runs(tmp_path, monkeypatch):
+    import hashlib
+    import json
+
+    from pipeline_src.study import code_manifest
+
+    monkeypatch.chdir(tmp_path)
+    study = load_study(ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml")
+    code_manifest.run(study, "train")
+    record = json.loads((tmp_path / stages.code_manifest_path(study, "train")).read_text())
+    assert record["kind"] == "train" and sorted(record["files"]) == sorted(stages.CODE["train"])
+    layers = "pipeline_src/model/layers.py"
+    assert record["files"][layers] == hashlib.sha256((ROOT / layers).read_bytes()).hexdigest()
+    with pytest.raises(ValueError, match="not a stage kind"):
+        code_manifest.run(study, "nonsense")
 
 
 def test_the_check_finds_an_unlisted_helper():

@@ -110,7 +110,7 @@ def test_snakemake_and_dvc_run_the_same_jobs(params, monkeypatch):
     assert set(smk) == set(dvc), f"only in snakemake: {set(smk) - set(dvc)}; only in dvc: {set(dvc) - set(smk)}"
     # DVC lists folders where Snakemake lists the files in them (stages.folder_deps): the same
     # upstream jobs, and each Snakemake input is a DVC input or in one of its folders. Code folders
-    # (stages.CODE_FOLDERS) are one DVC dependency wherever a job runs all of their files.
+    # (stages.CODE_FOLDERS) are one DVC dependency wherever a code job hashes all of their files.
     def fold(inputs: set[str]) -> set[str]:
         whole = {folder for folder, files in CODE_FOLDERS.items() if files <= inputs}
         return {CODE_FOLDER_OF[p] if CODE_FOLDER_OF.get(p) in whole else p for p in inputs}
@@ -121,9 +121,15 @@ def test_snakemake_and_dvc_run_the_same_jobs(params, monkeypatch):
         assert smk[cmd]["outputs"] == dvc[cmd]["outputs"], cmd
         assert smk_graph[cmd] == dvc_graph[cmd], cmd
         assert all(any(p == d or p.startswith(d + "/") for d in dvc[cmd]["inputs"]) for p in smk[cmd]["inputs"]), cmd
-    assert all(code_folded[cmd]["inputs"] == dvc[cmd]["inputs"] for cmd in smk if smk[cmd]["rule"] in ("train", "evaluate"))
-    assert all("pipeline_src/model" in dvc[cmd]["inputs"] for cmd in smk if smk[cmd]["rule"] == "evaluate"), \
+    assert all(code_folded[cmd]["inputs"] == dvc[cmd]["inputs"] for cmd in smk
+               if smk[cmd]["rule"] in ("code", "train", "evaluate"))
+    assert all("pipeline_src/model" in dvc[cmd]["inputs"] for cmd in smk if cmd.endswith("--kind evaluate")), \
         "the model folder is not folded where a job runs all of it"
+    # A job depends on its kind's code record (pipeline_src/study/code_manifest.py), not on code files.
+    records = {cmd.rsplit(" ", 1)[1]: job["outputs"] for cmd, job in smk.items() if job["rule"] == "code"}
+    assert set(records) == {j["rule"] for j in smk.values()} - {"code"}
+    for job in (j for j in smk.values() if j["rule"] != "code"):
+        assert records[job["rule"]] <= job["inputs"] and not any(p.startswith("pipeline_src/") for p in job["inputs"])
     folded = {cmd for cmd in smk if code_folded[cmd]["inputs"] != dvc[cmd]["inputs"]}
     assert folded <= {cmd for cmd in smk if smk[cmd]["rule"] in ("promote", "plan", "aggregate", "figures", "tables",
                                                                  "claims", "report")}, folded

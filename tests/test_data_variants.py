@@ -24,7 +24,7 @@ from pipeline_src.common import StageError
 from pipeline_src.study.config import ConfigError, load_study
 from pipeline_src.data import filter as filt
 from pipeline_src.runtime.dvc_yaml import render
-from pipeline_src.study.stages import build_jobs, data_paths, output_path, promotion_path
+from pipeline_src.study.stages import build_jobs, code_manifest_path, data_paths, output_path, promotion_path
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "tests" / "fixtures" / "params" / "valid_tiny.yaml"
@@ -75,7 +75,8 @@ def test_equal_data_settings_share_one_variant_and_forks_start_where_a_cell_chan
     assert study.filter_config("reorder", "sample_fraction-0p5").sample_fraction == 0.5
     # The generated dvc.yaml keeps one foreach stage per stage despite the forks.
     stages = yaml.safe_load(render(study))["stages"]
-    assert set(stages) == {"download", "filter", "bpe", "train", "evaluate", "aggregate", "figures", "tables", "claims", "report"}
+    kinds = {"download", "filter", "bpe", "train", "evaluate", "aggregate", "figures", "tables", "claims", "report"}
+    assert set(stages) == kinds | {f"code-{kind}" for kind in kinds}  # and a code record per stage kind
     assert len(stages["bpe"]["foreach"]) == 4
 
 
@@ -224,7 +225,8 @@ def test_screening_stages_form_a_static_dag(tmp_path):
     jobs = {(j.stage, j.key): j for j in build_jobs(study)}
     promo = promotion_path(study, "scr")
     assert jobs[("promote", "scr")].out("promotion") == promo
-    assert all(d.startswith("data/tiny/eval/scr-s1/") for d in jobs[("promote", "scr")].deps if d.startswith("data/"))
+    assert all(d.startswith("data/tiny/eval/scr-s1/") for d in jobs[("promote", "scr")].deps
+               if d.startswith("data/") and d != code_manifest_path(study, "promote"))
     # Stage two is reorder's full data at reorder's settings: no data jobs of its own, and the
     # cells reorder's grid trains (baseline, pe_none) are read from reorder's runs, not retrained.
     assert not any(j.wildcards.get("task") == "scr-s2" for j in jobs.values() if j.stage in ("filter", "bpe"))

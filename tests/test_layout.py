@@ -37,7 +37,8 @@ LAYERS = {
     "report stages": {"report", "report.aggregate", "report.build", "report.claims", "report.figures",
                       "report.plan", "report.promote", "report.stats", "report.tables", "report.views",
                       "report.exp_show", "report.reference"},
-    "stage table, drivers and runtime": {"study.stages", "study.estimate", "runtime.dvc_yaml", "runtime.preload",
+    "stage table, drivers and runtime": {"study.stages", "study.code_manifest", "study.estimate", "runtime.dvc_yaml",
+                                         "runtime.preload",
                                          "runtime.run_lock", "runtime.scheduler_timers", "runtime.slurm_guard",
                                          "node.parts", "node.parts_layout", "__main__"},
 }

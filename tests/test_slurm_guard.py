@@ -13,8 +13,8 @@ from pipeline_src.runtime.slurm_guard import sbatch_args
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _job(name, **resources):
-    return SimpleNamespace(name=name, resources=resources)
+def _job(name, is_local=False, **resources):
+    return SimpleNamespace(name=name, resources=resources, is_local=is_local)
 
 
 def test_sbatch_args_mirror_the_profile_resources():
@@ -51,3 +51,4 @@ def test_refused_gpu_request_is_one_line_on_a_live_cluster():
         slurm_guard.check([_job("train", gpu=64)])
     assert str(exc.value).startswith("error: SLURM would not run the jobs of rule train (sbatch --gpus=64)")
     assert "\n" not in str(exc.value)
+    slurm_guard.check([_job("code", is_local=True, gpu=64)])  # a local rule is never queued, so never refused

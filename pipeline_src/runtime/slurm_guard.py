@@ -56,6 +56,8 @@ def check(jobs) -> None:
         raise SystemExit("error: the SLURM profile needs `sbatch` on PATH (a SLURM login node); none found")
     tried = {}
     for job in jobs:
+        if job.is_local:  # runs where Snakemake runs (the code records): never queued
+            continue
         args = sbatch_args(job.resources)
         if args in tried:
             continue

@@ -13,6 +13,8 @@ from .config import Study
 # Output paths, as templates over the job's wildcards. Snakemake rules use these templates
 # verbatim (with wildcards); DVC stages and jobs use them formatted.
 OUTPUTS: dict[str, dict[str, str]] = {
+    # The hashes of the code files a stage kind runs, which its jobs depend on (code_manifest.py).
+    "code": {"manifest": "data/{study}/code/{kind}.json"},
     "download": {"raw": "data/{study}/raw/{dataset}"},
     # {filter_variant}/{bpe_variant}: the data variant (config.Study.data_variant): cells that
     # override `filter` or `bpe` get their own filtered set / tokenizer; cells with equal settings
@@ -63,6 +65,10 @@ SCRATCH = "data/{study}/scratch/{task}/{cell}/seed{seed}"
 
 def output_path(stage: str, name: str, **wildcards) -> str:
     return OUTPUTS[stage][name].format(**wildcards)
+
+
+def code_manifest_path(study: Study, kind: str) -> str:
+    return output_path("code", "manifest", study=study.name, kind=kind)
 
 
 def promotion_path(study: Study, screen: str) -> str:

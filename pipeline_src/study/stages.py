@@ -15,15 +15,18 @@ from pathlib import Path
 
 from .config import Study, lookup
 from .imports import closure_files
-from .paths import (DIRECTORIES, METRICS, OUTPUTS, PLOTS, SCRATCH, data_paths, output_path,  # noqa: F401
-                    promotion_path, seed_plan_path, stage_command, tune_path, tune_record, write_records)
+from .paths import (DIRECTORIES, METRICS, OUTPUTS, PLOTS, SCRATCH, code_manifest_path, data_paths,  # noqa: F401
+                    output_path, promotion_path, seed_plan_path, stage_command, tune_path, tune_record,
+                    write_records)
 
 # The module each stage runs (python -m pipeline_src STAGE dispatches to its `run`). A stage's code
-# dependencies are that module's import closure inside the package (pipeline_src/study/imports.py),
-# plus the files it reads that are not Python: editing any of them reruns the stage under both
-# drivers (DVC hashes them; Snakemake compares modification times). Directories are expanded to
-# their files, because Snakemake looks at a directory's own mtime (which an edited file does not
-# change) while DVC hashes its content.
+# is that module's import closure inside the package (pipeline_src/study/imports.py), plus the
+# files it reads that are not Python. Its jobs depend on them through the code stage: one job
+# per stage kind depends on the files and records their hashes (code_manifest.py), and every job
+# of the kind depends on that record, so that editing any of them reruns the kind's jobs under
+# both drivers (DVC hashes the files; Snakemake compares modification times). Directories are
+# expanded to their files, because Snakemake looks at a directory's own mtime (which an edited
+# file does not change) while DVC hashes its content.
 ENTRIES = {
     "download": "pipeline_src.data.download", "filter": "pipeline_src.data.filter", "bpe": "pipeline_src.data.bpe",
     "tune": "pipeline_src.tune.lr_trials", "train": "pipeline_src.train.trainer",
@@ -44,16 +47,14 @@ def _expand(pattern: str) -> list[str]:
 
 CODE = {stage: closure_files(entry) + [f for pat in RESOURCES.get(stage, []) for f in _expand(pat)]
         for stage, entry in ENTRIES.items()}
-# Code folders that DVC lists whole where a stage runs all of their files (the package is laid out
-# so that the training stages run whole folders: model/, train/, ...): one entry of dvc.lock
-# instead of one per file. DVC rewrites the whole lock file after every stage, and the code
-# files were most of its entries (for a study of hundreds of stages, that rewriting is most of
-# what `dvc repro` itself spends). A folder's files include its subfolders'; bytecode is not
+# Code folders that DVC lists whole where a code job hashes all of their files (the package is
+# laid out so that the training stages run whole folders: model/, train/, ...): one entry of
+# dvc.lock instead of one per file. A folder's files include its subfolders'; bytecode is not
 # hashed (.dvcignore).
 CODE_FOLDERS = {folder.relative_to(ROOT).as_posix(): {f for f in _expand(f"{folder.relative_to(ROOT)}/**/*")
                                                        if "/__pycache__/" not in f}
                 for folder in sorted((ROOT / "pipeline_src").glob("*/")) if folder.name != "__pycache__"}
-STAGE_ORDER = list(CODE)
+STAGE_ORDER = ["code", *CODE]
 GPU_STAGES = {"tune", "train", "evaluate"}
 
 
@@ -86,8 +87,9 @@ def _job(study: Study, stage: str, key: str, wildcards: dict, deps, params, args
     param_hash = study.section_hash(*params)
     if extra_hash is not None:  # settings resolved from more than the listed sections (data variants)
         param_hash = hashlib.sha256((param_hash + repr(extra_hash)).encode()).hexdigest()[:16]
+    code = CODE[wildcards["kind"]] if stage == "code" else [code_manifest_path(study, stage)]
     return Job(stage=stage, key=key, wildcards=path_fields, cmd=stage_command(stage, study, **args),
-               deps=tuple(deps) + tuple(CODE[stage]), outs=outs, params=tuple(params),
+               deps=tuple(deps) + tuple(code), outs=outs, params=tuple(params),
                gpu=stage in GPU_STAGES, param_hash=param_hash, group=group)
 
 
@@ -123,7 +125,15 @@ def build_jobs(study: Study) -> list[Job]:
                     for screen in study.screens.values()]
     jobs += train_jobs + eval_jobs + promote_jobs + plan_jobs(study, train_jobs, eval_jobs)
     jobs += report_jobs(study, jobs, train_jobs, eval_jobs, promote_jobs)
-    return folder_deps(study, jobs)
+    return folder_deps(study, code_jobs(study, jobs) + jobs)
+
+
+def code_jobs(study: Study, jobs: list[Job]) -> list[Job]:
+    """One per stage kind the study runs: the hashes of the kind's code files, which its jobs
+    depend on instead of on each file (code_manifest.py). It reads no params: the files are its
+    input."""
+    return [_job(study, "code", kind, {"kind": kind}, [], [], {"kind": kind})
+            for kind in dict.fromkeys(j.stage for j in jobs)]
 
 
 def folder_deps(study: Study, jobs: list[Job]) -> list[Job]:
@@ -135,7 +145,7 @@ def folder_deps(study: Study, jobs: list[Job]) -> list[Job]:
     files: it would judge a folder by the folder's own mtime, which an edited file leaves alone.
     A folder also holds what no job declares (TensorBoard events, partial writes of a killed
     stage: both in .dvcignore) and the runs of cells since removed from the study. A code folder
-    (CODE_FOLDERS) replaces its files where the job runs every one of them."""
+    (CODE_FOLDERS) replaces its files where the job (a code job) hashes every one of them."""
     producer = {path: (j.stage, j.key) for j in jobs for path in j.outs.values()}
     writers: dict[str, set] = {}  # folder below data/<study>/ or reports/<study>/ -> jobs writing into it
     for path, job in producer.items():

@@ -51,6 +51,7 @@ wildcard_constraints:
     filter_variant="[a-z0-9_-]+",
     bpe_variant="[a-z0-9_-]+",
     screen="[a-z0-9_-]+",
+    kind="[a-z-]+",
 
 
 def stage_outputs(stage, shown=None):
