@@ -13,16 +13,10 @@ in it, and the jobs of those kinds rerun; the other kinds' manifests are not tou
 """
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 from ..common import atomic_write_json
+from ..data import sha256_file
 from .config import Study
 from .paths import code_manifest_path
-
-
-def file_hashes(files: list[str], root: Path) -> dict[str, str]:
-    return {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in sorted(files)}
 
 
 def run(study: Study, kind: str) -> None:
@@ -30,4 +24,5 @@ def run(study: Study, kind: str) -> None:
 
     if kind not in CODE:
         raise ValueError(f"--kind {kind!r} is not a stage kind ({', '.join(CODE)})")
-    atomic_write_json(code_manifest_path(study, kind), {"kind": kind, "files": file_hashes(CODE[kind], ROOT)})
+    files = {f: sha256_file(ROOT / f) for f in sorted(CODE[kind])}
+    atomic_write_json(code_manifest_path(study, kind), {"kind": kind, "files": files})
