@@ -195,12 +195,18 @@ def runs_needed(mean: float, sd: float, alpha: float, power: float = POWER) -> f
     effect = abs(mean) / sd
     if effect < 1e-6:
         return math.inf
-    n = np.arange(2, MAX_RUNS_REPORTED + 1)
-    reached = np.flatnonzero(TTestPower().power(effect_size=effect, nobs=n, alpha=alpha / 2,
-                                                alternative="larger") >= power)
-    if not len(reached):
-        return math.inf
-    return float(max(MIN_RUNS, n[reached[0]]))
+    # In widening ranges of n, stopping at the first that reaches `power`: the same smallest n as
+    # one pass over 2..MAX_RUNS_REPORTED, and most comparisons are settled in the first range.
+    for first, last in _RUN_RANGES:
+        n = np.arange(first, last + 1)
+        reached = np.flatnonzero(TTestPower().power(effect_size=effect, nobs=n, alpha=alpha / 2,
+                                                    alternative="larger") >= power)
+        if len(reached):
+            return float(max(MIN_RUNS, n[reached[0]]))
+    return math.inf
+
+
+_RUN_RANGES = ((2, 16), (17, 64), (65, 256), (257, MAX_RUNS_REPORTED))
 
 
 def tost_power(n, mean: float, sd: float, margin: float, alpha: float):
