@@ -981,8 +981,9 @@ def _non_overlapping_nll(model, stream, line_ends, seq_len: int, rows: int) -> n
         for idx in batching.lm_batches(len(starts), rows, seed=None):
             batch = batching.collate_lm(stream, starts, idx, seq_len)
             logits = model(None, batch["tgt_in"])
-            loss = F.cross_entropy(logits.float().transpose(1, 2), batch["tgt_out"], ignore_index=PAD,
-                                   reduction="none").double().numpy()
+            target = batch["tgt_out"]
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=PAD,
+                                   reduction="none").view_as(target).double().numpy()
             for row, w in enumerate(idx):
                 n = min(seq_len, len(stream) - 1 - starts[w])
                 token_nll[starts[w] + 1: starts[w] + 1 + n] = loss[row, :n]
