@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..common import StageError, atomic_dir, atomic_write_json, progress, provenance, seed_everything
 from ..data.tokens import EOS, PAD, load_spm
@@ -32,8 +33,6 @@ from ..study import screening, seed_plan
 from ..study.config import Study
 from ..study.paths import data_paths, output_path
 from ..train import batching
-# The training loss, per token: cross-entropy over the vocabulary as the last, contiguous
-# dimension (over a (batch, vocab, time) view it is ~3x slower at a 10k vocabulary).
 from ..train.compiling import token_loss
 from ..train.precision import autocast
 from . import metrics
@@ -49,7 +48,10 @@ def seq2seq_nll(model, data: batching.Seq2SeqData, arch: str, batch_tokens: int,
         with autocast(device, precision):
             logits = model(batch["src"], batch["tgt_in"])
         target = batch["tgt_out"]
-        loss = token_loss(logits, target, reduction="none").view_as(target)
+        # Over the (batch, vocab, time) view, unlike lm_nll: the committed summarisation check
+        # (reports/reference/cnndm/check/) holds these floats bit for bit, and at summaries'
+        # few target tokens the faster layout would save only seconds per evaluation.
+        loss = F.cross_entropy(logits.float().transpose(1, 2), target, ignore_index=PAD, reduction="none")
         nll[idx] = loss.sum(1).double().cpu().numpy()
         tokens[idx] = (target != PAD).sum(1).cpu().numpy()
     return nll, tokens
@@ -92,6 +94,8 @@ def lm_nll(model, stream: np.ndarray, line_ends: np.ndarray, seq_len: int, rows:
         batch = batching.to_device(batching.collate_lm(stream, starts, idx, seq_len), device)
         with autocast(device, precision):
             logits = model(None, batch["tgt_in"])
+        # The training loss's layout, vocabulary last and contiguous: ~3x faster than over a
+        # (batch, vocab, time) view at a 10k vocabulary, where it was a third of the stage's time.
         loss = token_loss(logits, batch["tgt_out"], reduction="none").view_as(batch["tgt_out"])
         loss = loss.double().cpu().numpy()
         for row, w in enumerate(idx):
