@@ -971,8 +971,8 @@ def _non_overlapping_nll(model, stream, line_ends, seq_len: int, rows: int) -> n
     """The evaluation before sliding windows, as it was written: windows of seq_len tokens side by
     side, each scoring all of its predictions."""
     import torch
-    import torch.nn.functional as F
     from pipeline_src.train import batching
+    from pipeline_src.train.compiling import token_loss
 
     stream = np.concatenate([[EOS], stream])
     token_nll = np.zeros(len(stream))
@@ -982,8 +982,7 @@ def _non_overlapping_nll(model, stream, line_ends, seq_len: int, rows: int) -> n
             batch = batching.collate_lm(stream, starts, idx, seq_len)
             logits = model(None, batch["tgt_in"])
             target = batch["tgt_out"]
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=PAD,
-                                   reduction="none").view_as(target).double().numpy()
+            loss = token_loss(logits, target, reduction="none").view_as(target).double().numpy()
             for row, w in enumerate(idx):
                 n = min(seq_len, len(stream) - 1 - starts[w])
                 token_nll[starts[w] + 1: starts[w] + 1 + n] = loss[row, :n]

@@ -58,6 +58,7 @@ ALPHA = 0.05
 MIN_RUNS = 3
 POWER = 0.8
 MAX_RUNS_REPORTED = 1000  # "more than this" beyond it
+_RUN_RANGES = ((2, 16), (17, 64), (65, 256), (257, MAX_RUNS_REPORTED))  # runs_needed's search, in turn
 MIN_PERMUTATION_RUNS = 6  # 2/2^6 = 0.031: the first n at which the permutation test can reject at 0.05
 MAX_PERMUTATION_RUNS = 16  # 65,536 sign assignments (~0.3 s); 20 runs would take seconds per comparison
 
@@ -204,9 +205,6 @@ def runs_needed(mean: float, sd: float, alpha: float, power: float = POWER) -> f
         if len(reached):
             return float(max(MIN_RUNS, n[reached[0]]))
     return math.inf
-
-
-_RUN_RANGES = ((2, 16), (17, 64), (65, 256), (257, MAX_RUNS_REPORTED))
 
 
 def tost_power(n, mean: float, sd: float, margin: float, alpha: float):
