@@ -50,7 +50,10 @@ PARAMS = {
         "cells": NOISE + [PLANTED]}},
     "cells": {"baseline": {"family": "baseline"},
               **{f"order_{k}": {"family": "noise", "train": {"data_order": k}} for k in range(1, 5)},
-              PLANTED: {"family": "planted", "train": {"lr": 8.0e-3}}},
+              # 60 % of the baseline's lr: found in 94 of 100 triples with AVX2 and with ATen's default
+              # kernels, far from the 0.8 the test asks; at 8e-3 it was found in exactly 80, where
+              # one verdict moved by another CPU's floats would fail the test.
+              PLANTED: {"family": "planted", "train": {"lr": 6.0e-3}}},
 }
 
 
