@@ -1,9 +1,10 @@
 """Snakemake and DVC run the same DAG: same jobs, same commands, same inputs and outputs.
 
 Both sides are read from the drivers themselves (`snakemake -n -p --forceall` and
-`dvc repro --dry --force` plus DVC's own stage loader), not from our stage table, so a rule or a
-dvc.yaml that drifted from the table makes this fail.
+`dvc repro --dry --force --all-pipelines` plus DVC's own stage loader), not from our stage table,
+so a rule or a dvc.yaml that drifted from the table makes this fail.
 """
+import functools
 import os
 import re
 import subprocess
@@ -45,6 +46,24 @@ def snakemake_jobs(params: str, cwd: Path = ROOT) -> dict[str, dict]:
     return jobs
 
 
+@functools.cache
+def dvc_dry_run(cwd: Path = ROOT) -> dict[str, list[str]]:
+    """{dvc.yaml: commands} as `dvc repro --dry --force --all-pipelines` lists them: one run for
+    every study (each `dvc repro` first reads every dvc.yaml and dvc.lock of the repository, ~10 s
+    of CPU, so six runs of one study each cost five more of those)."""
+    dry = subprocess.run([BIN / "dvc", "repro", "--dry", "--force", "--all-pipelines"], cwd=cwd, capture_output=True,
+                         text=True, env=_env())
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    listed: dict[str, list[str]] = {}
+    dvc_file = None
+    for line in dry.stdout.splitlines():
+        if stage := re.match(r"Running stage '([^']+)':$", line):  # 'file:name', or 'name' in the root dvc.yaml
+            dvc_file = stage.group(1).rpartition(":")[0] or "dvc.yaml"
+        elif line.startswith("> "):
+            listed.setdefault(dvc_file, []).append(line[2:])
+    return listed
+
+
 def dvc_jobs(params: str, cwd: Path = ROOT) -> dict[str, dict]:
     from dvc.repo import Repo
 
@@ -63,10 +82,7 @@ def dvc_jobs(params: str, cwd: Path = ROOT) -> dict[str, dict]:
                 jobs[st.cmd] = {"stage": st.addressing, "inputs": deps, "outputs": {rel(o.def_path) for o in st.outs}}
     finally:
         os.chdir(old)
-    dry = subprocess.run([BIN / "dvc", "repro", "--dry", "--force", dvc_file], cwd=cwd, capture_output=True,
-                         text=True, env=_env())
-    assert dry.returncode == 0, dry.stderr[-2000:]
-    listed = re.findall(r"^> (.*)$", dry.stdout, re.M)
+    listed = dvc_dry_run(cwd).get(os.path.relpath(Path(dvc_file).resolve(), cwd.resolve()), [])
     assert sorted(listed) == sorted(jobs), "dvc repro --dry lists other jobs than dvc.yaml defines"
     return jobs
 

@@ -6,7 +6,7 @@
 #   - `dvc repro` runs nothing,
 #   - rebuilding the report's numbers from the pulled results gives the same files.
 # The remote is a scratch directory here (`dvc remote modify --local`, so .dvc/config keeps the
-# project's default); S3 or SSH remotes work the same way (docs/dvc.md, "Sharing a study").
+# project's url); S3 or SSH remotes work the same way (docs/dvc.md, "Sharing a study").
 set -euo pipefail
 WORK=${CLUSTER_WORK:-/tmp/pipeline-cluster-check}
 PARAMS=workflow/studies/tiny/params.yaml
@@ -25,7 +25,9 @@ dvc_logged() {  # dvc_logged ARGS...: runs `dvc ARGS`, quietly; on failure print
   rm -f "$log"
 }
 test -s "$WORK/repo/reports/tiny/report.pdf" || fail "no finished study in $WORK/repo (run check_slurm.sh first)"
-remote=$(cd "$WORK/repo" && dvc remote default) || fail "no default DVC remote in .dvc/config"
+# the project's remote (.dvc/config), named on push and pull as docs/dvc.md shows
+remote=$(cd "$WORK/repo" && dvc remote list | awk 'NR == 1 {print $1}')
+[[ -n $remote ]] || fail "no DVC remote in .dvc/config"
 
 say "on the cluster: adopt the Snakemake-built study into DVC, push it, commit dvc.lock"
 cd "$WORK/repo"
@@ -34,7 +36,7 @@ rm -rf "$REMOTE"
 python -m pipeline_src dvc-yaml --params "$PARAMS" >/dev/null
 dvc_logged commit --force "$DVC_YAML"   # the same commands made these outputs, so DVC takes them as they are
 dvc remote modify --local "$remote" url "$REMOTE"
-dvc_logged push "$DVC_YAML"
+dvc_logged push -r "$remote" "$DVC_YAML"
 git add "$DVC_YAML" "${DVC_YAML%.yaml}.lock" reports/tiny   # (reports/tiny: what DVC shows, kept in git)
 git -c user.name=ci -c user.email=ci@localhost commit -qm "tiny study: dvc.lock, metrics and plots"
 n_files=$(find "$REMOTE" -type f | wc -l)
@@ -49,9 +51,9 @@ export PYTHONPATH=$PWD
 dvc remote modify --local "$remote" url "$REMOTE"
 # A pull that fails is shown whole and tried once more, so that a passing check after a failed first
 # pull says so instead of hiding it.
-if ! dvc pull "$DVC_YAML" >"$WORK/pull.log" 2>&1; then
+if ! dvc pull -r "$remote" "$DVC_YAML" >"$WORK/pull.log" 2>&1; then
   echo "  the first dvc pull failed; its output:"; tail -40 "$WORK/pull.log" | sed 's/^/    /'
-  dvc_logged pull "$DVC_YAML"
+  dvc_logged pull -r "$remote" "$DVC_YAML"
   echo "  the second dvc pull succeeded"
 fi
 lock_outs=$(python - "${DVC_YAML%.yaml}.lock" <<'PY'
