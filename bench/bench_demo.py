@@ -11,7 +11,7 @@ timing it; rules of the copy that lack a `benchmark:` directive get one injected
 the repository's rules are left alone), so per-job times always come from Snakemake itself.
 Target (README): the demo finishes in under 5 minutes on 2 CPU cores.
 --quick times the tests' tiny study (tests/fixtures/params/valid_tiny.yaml) the same way (a smoke
-run); --parse-only reads the existing benchmark files of this repository, or says there are none.
+run, whose jobs fork from the start-up server when it runs under one, as the tests do); --parse-only reads the existing benchmark files of this repository, or says there are none.
 
     python bench/bench_demo.py [--quick | --parse-only] [--study demo] [--cores 2]
 """
@@ -109,7 +109,7 @@ def main() -> None:
             injected = inject_benchmarks(work / "workflow" / "rules")
             cmd = [str(BIN / "snakemake"), "--cores", str(args.cores), "--config", f"params={params}",
                    "--forceall", "--keep-going"]
-            wall, cpu, out = timed_run(cmd, work, timeout=args.timeout, check=False)
+            wall, cpu, out = timed_run(cmd, work, timeout=args.timeout, check=False, keep_server=args.quick)
             ok = "steps (100%) done" in out and "Error" not in out
             failed = sorted(set(re.findall(r"Error in rule (\w+)", out)))
             per_rule = read_benchmarks(work / "logs" / args.study / "bench")

@@ -158,17 +158,19 @@ def copy_repo(dst: Path, items=REPO_ITEMS) -> Path:
     return dst
 
 
-def tool_env(code: Path | None = None) -> dict:
+def tool_env(code: Path | None = None, keep_server: bool = False) -> dict:
     """Environment in which `python`, `snakemake` and `dvc` are those of this interpreter's venv, and
     `pipeline_src` is imported from `code` (default: the command's working directory). The caller's
     other PYTHONPATH entries stay: on a GPU node run from a bundle they hold the bundle's packages
     (workflow/node/node.sh), without which the stages cannot import datasets or jsonschema.
     Every job runs in a process of its own, never forked from a start-up server (PIPELINE_PRELOAD,
     pipeline_src/runtime/preload.py): its CPU time and memory are then the command's children's, as the
-    tables report them."""
+    tables report them. keep_server: a smoke run's jobs (--quick, whose figures nobody reads) fork
+    from the server the caller runs under, if any, which saves each of them importing torch."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", DVC_NO_ANALYTICS="1",
                PIPELINE_QUIET="1")
-    env.pop("PIPELINE_PRELOAD", None)
+    if not keep_server:
+        env.pop("PIPELINE_PRELOAD", None)
     carried = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and Path(p).resolve() != REPO]
     path = ([str(code)] if code else []) + carried
     if path:
@@ -178,13 +180,15 @@ def tool_env(code: Path | None = None) -> dict:
     return env
 
 
-def timed_run(cmd: list[str], cwd: Path, timeout: float | None = None, check: bool = True) -> tuple[float, float, str]:
+def timed_run(cmd: list[str], cwd: Path, timeout: float | None = None, check: bool = True,
+              keep_server: bool = False) -> tuple[float, float, str]:
     """Run a command; return (wall seconds, CPU seconds user+sys of the command and its children,
     combined stdout+stderr). CPU time is the load-robust figure on a busy machine. Raises on a
-    non-zero exit if check."""
+    non-zero exit if check. keep_server: see tool_env."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     tick = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=cwd, env=tool_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=cwd, env=tool_env(keep_server=keep_server), capture_output=True, text=True,
+                          timeout=timeout)
     wall = time.perf_counter() - tick
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
