@@ -21,13 +21,14 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@# The pinned packages through uv, which installs them in parallel: ~7-13 s on 2 cores instead
 	@# of ~40 s with pip, the same versions. Torch stays pip's: pip's configuration on the machine (a
-	@# local wheel folder, an index) is what finds the CPU wheel. Modules are compiled to bytecode
-	@# when first imported.
-	$(BIN)/pip install -q uv
-	$(BIN)/uv pip install -q --python $(BIN)/python --upgrade pip
+	@# local wheel folder, an index) is what finds the CPU wheel. uv reads no pip configuration:
+	@# where it cannot install (no uv for the platform, PyPI reachable only through pip's settings)
+	@# pip does it all, as before. Modules are compiled to bytecode when first imported.
+	$(BIN)/pip install -q --upgrade pip uv || echo "(no uv: pip installs everything)"
 	$(BIN)/pip install -q $(PIP_FLAGS) torch==2.13.0        # the CPU wheel; an unpinned torch pulls CUDA builds
-	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock
-	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --no-build-isolation -e .
+	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock \
+	  || { echo "(uv could not install requirements.lock: pip installs it)"; $(BIN)/pip install -q $(PIP_FLAGS) -r requirements.lock; }
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 install: $(VENV)/.installed system-deps
