@@ -23,7 +23,7 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 	@# of ~40 s with pip, the same versions. Torch stays pip's: pip's configuration on the machine (a
 	@# local wheel folder, an index) is what finds the CPU wheel. uv reads no pip configuration:
 	@# where it cannot install (no uv for the platform, PyPI reachable only through pip's settings)
-	@# pip does it all, as before. Modules are compiled to bytecode when first imported.
+	@# pip does it all, as before. uv compiles no bytecode: each module is compiled when first imported.
 	$(BIN)/pip install -q --upgrade pip uv || echo "(no uv: pip installs everything)"
 	$(BIN)/pip install -q $(PIP_FLAGS) torch==2.13.0        # the CPU wheel; an unpinned torch pulls CUDA builds
 	$(BIN)/uv pip install -q --python $(BIN)/python -r requirements.lock \

@@ -11,7 +11,8 @@ timing it; rules of the copy that lack a `benchmark:` directive get one injected
 the repository's rules are left alone), so per-job times always come from Snakemake itself.
 Target (README): the demo finishes in under 5 minutes on 2 CPU cores.
 --quick times the tests' tiny study (tests/fixtures/params/valid_tiny.yaml) the same way (a smoke
-run, whose jobs fork from the start-up server when it runs under one, as the tests do); --parse-only reads the existing benchmark files of this repository, or says there are none.
+run, whose jobs fork from the start-up server when it runs under one, as the tests do);
+--parse-only reads the existing benchmark files of this repository, or says there are none.
 
     python bench/bench_demo.py [--quick | --parse-only] [--study demo] [--cores 2]
 """
